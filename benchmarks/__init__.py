@@ -1,0 +1,1 @@
+"""Benchmark suites and the one shared training loop."""

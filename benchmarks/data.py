@@ -1,0 +1,63 @@
+"""What every benchmark's data looks like to the training loop.
+
+Iterators yield this process's share of each global batch as numpy arrays; the loop builds the
+global arrays. Eval batches carry a `mask` (1 for real examples, 0 for padding) so every example
+counts exactly once whatever the device and process count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Iterable, Iterator
+
+import numpy as np
+
+Batch = dict[str, np.ndarray]
+
+
+@dataclasses.dataclass(frozen=True)
+class Data:
+  name: str
+  num_train: int
+  num_eval: int
+  steps_per_epoch: int
+  eval_steps: int
+  train: Callable[[int], Iterator[Batch]]   # epoch -> local batches
+  eval: Callable[[], Iterator[Batch]]       # local batches with 'mask', exactly eval_steps
+  names: dict[str, tuple]                   # field -> logical dimension names
+
+
+def process_indices(n: int, index: int, count: int) -> np.ndarray:
+  """Indices of this process's share of n examples (strided, like `ds[index::count]`)."""
+  return np.arange(index, n, count)
+
+
+def num_steps(num_examples: int, global_batch: int) -> int:
+  """Eval steps that cover every example once (the last batch padded)."""
+  return max(1, -(-num_examples // global_batch))
+
+
+def array_batches(arrays: Batch, batch: int) -> Iterator[Batch]:
+  """Consecutive slices of in-memory arrays (the last one may be short)."""
+  n = len(next(iter(arrays.values())))
+  for lo in range(0, n, batch):
+    yield {k: v[lo:lo + batch] for k, v in arrays.items()}
+
+
+def padded(batches: Iterable[Batch], local_batch: int, steps: int, example: Batch
+           ) -> Iterator[Batch]:
+  """Exactly `steps` batches of `local_batch`: short batches are padded and all-padding batches
+  follow the stream; `mask` marks the real examples. `example` gives shapes and dtypes."""
+  it = iter(batches)
+  for _ in range(steps):
+    b = next(it, None)
+    real = 0 if b is None else len(next(iter(b.values())))
+    out = {}
+    for k, v in example.items():
+      v = np.asarray(v)
+      pad = np.zeros((local_batch - real,) + v.shape[1:], v.dtype)
+      out[k] = pad if b is None else np.concatenate([np.asarray(b[k], v.dtype), pad])
+    out["mask"] = (np.arange(local_batch) < real).astype(np.float32)
+    yield out
+  if next(it, None) is not None:
+    raise ValueError("eval stream is longer than its steps")

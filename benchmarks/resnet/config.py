@@ -1,0 +1,72 @@
+"""ResNet-50 v1.5 hyperparameters and presets (no jax import here)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from benchmarks.config import Common
+from mesh.errors import UserError
+
+DATASETS = ("digits", "imagenet", "synthetic")
+OPTIMIZERS = ("lars", "sgd")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config(Common):
+  # Data.
+  dataset: str = "digits"
+  image_size: int = 224
+  num_classes: int = 1000
+  synthetic_examples: int = 0       # examples per epoch for --dataset=synthetic (0: 1,281,167)
+  # Model.
+  model_depth: int = 50
+  model_width: int = 64
+  bn_span: int = 0                  # examples per batch-norm group; 0: the per-replica batch
+  # Optimizer (MLPerf ResNet keys).
+  optimizer: str = "lars"
+  base_learning_rate: float = 31.2
+  end_learning_rate: float = 1e-4
+  warmup_epochs: float = 25.0
+  decay_poly_power: float = 2.0
+  schedule_epochs: float = 0.0      # length of the lr schedule in epochs; 0: max_epochs
+  weight_decay: float = 1e-4
+  momentum: float = 0.9
+  lars_trust_coefficient: float = 0.001
+  lars_epsilon: float = 0.0
+  label_smoothing: float = 0.1
+  target_accuracy: float = 0.759
+
+
+PRESETS = {
+    # 8 simulated CPU devices, scikit-learn's digits (1,797 real 8x8 scans of handwritten digits,
+    # shipped with the package) upsampled to 32x32, a ResNet-14 of width 16 (bottleneck blocks,
+    # one per stage): reaches its own 0.97 target in a couple of minutes on 2 cores.
+    "cpu": Config(
+        num_cpu_devices=8, mesh="data:-1", layout="batch:data", dataset="digits",
+        image_size=32, num_classes=10, model_depth=14, model_width=16, global_batch_size=64,
+        eval_batch_size=128, max_epochs=40, eval_every=1, optimizer="lars",
+        base_learning_rate=2.0, warmup_epochs=2.0, schedule_epochs=40.0, weight_decay=1e-4,
+        target_accuracy=0.97),
+    # MLPerf v0.6 on a full TPU-v3 pod (1024 chips, 2048 cores): REFERENCE.md.
+    "tpu-v3-2048": Config(
+        num_cpu_devices=0, mesh="data:-1", layout="batch:data", dataset="imagenet",
+        image_size=224, num_classes=1000, model_depth=50, model_width=64, dtype="bfloat16",
+        global_batch_size=32768, max_epochs=72, eval_every=4, optimizer="lars",
+        base_learning_rate=31.2, warmup_epochs=25.0, schedule_epochs=72.0, weight_decay=1e-4,
+        bn_span=128, target_accuracy=0.759),
+}
+
+
+def validate(c: Config) -> None:
+  from benchmarks.resnet.model import STAGES  # pylint: disable=import-outside-toplevel
+  if c.dataset not in DATASETS:
+    raise UserError(f"--dataset={c.dataset}: choose one of {', '.join(DATASETS)}")
+  if c.optimizer not in OPTIMIZERS:
+    raise UserError(f"--optimizer={c.optimizer}: choose one of {', '.join(OPTIMIZERS)}")
+  if c.model_depth not in STAGES:
+    raise UserError(f"--model_depth={c.model_depth}: choose one of "
+                    f"{', '.join(map(str, sorted(STAGES)))}")
+  if c.image_size < 32:
+    raise UserError(f"--image_size={c.image_size}: ResNet needs at least 32 pixels")
+  if not 0 < c.target_accuracy <= 1:
+    raise UserError(f"--target_accuracy={c.target_accuracy}: a fraction in (0, 1]")

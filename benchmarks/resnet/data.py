@@ -1,0 +1,206 @@
+"""ResNet input pipelines: ImageNet (tfds ArrayRecord + grain), scikit-learn digits, synthetic.
+
+Every pipeline yields this process's share of each global batch: `image` float32 NHWC,
+normalized, and `label` int32.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import numpy as np
+from PIL import Image
+
+from benchmarks.data import Data, array_batches, num_steps, padded, process_indices
+from mesh.errors import UserError
+
+NAMES = {"image": ("batch", "height", "width", "channels"), "label": ("batch",),
+         "mask": ("batch",)}
+IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32) * 255
+IMAGENET_STD = np.array([0.229, 0.224, 0.225], np.float32) * 255
+IMAGENET_TRAIN = 1281167
+
+
+def make(cfg, process_index: int = 0, process_count: int = 1) -> Data:
+  local_batch = cfg.global_batch_size // process_count
+  local_eval = (cfg.eval_batch_size or cfg.global_batch_size) // process_count
+  if cfg.dataset == "digits":
+    return _digits(cfg, local_batch, local_eval, process_index, process_count)
+  if cfg.dataset == "imagenet":
+    return _imagenet(cfg, local_batch, local_eval, process_index, process_count)
+  return _synthetic(cfg, local_batch, local_eval)
+
+
+# --- scikit-learn digits: 1,797 real 8x8 scans, shipped with scikit-learn (no download) -------
+
+def load_digits(image_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+  """(train_x, train_y, eval_x, eval_y): a fixed 80/20 split, images upsampled to image_size."""
+  from sklearn.datasets import load_digits as sk_digits  # pylint: disable=import-outside-toplevel
+  d = sk_digits()
+  images = (d.images / 16.0 * 255).astype(np.uint8)
+  resized = np.stack([np.asarray(Image.fromarray(im).resize((image_size, image_size),
+                                                            Image.BILINEAR)) for im in images])
+  x = (resized.astype(np.float32) / 255.0 - 0.5) / 0.5
+  x = np.repeat(x[..., None], 3, axis=-1)
+  y = d.target.astype(np.int32)
+  order = np.random.default_rng(1234).permutation(len(y))
+  x, y = x[order], y[order]
+  n_eval = len(y) // 5
+  return x[n_eval:], y[n_eval:], x[:n_eval], y[:n_eval]
+
+
+def _shift(images: np.ndarray, rng: np.random.Generator, max_shift: int) -> np.ndarray:
+  """Random translation by up to max_shift pixels (zero fill): digits must not be flipped."""
+  n, h, w, _ = images.shape
+  padded_im = np.pad(images, ((0, 0), (max_shift,) * 2, (max_shift,) * 2, (0, 0)),
+                     constant_values=-1.0)
+  dy, dx = rng.integers(0, 2 * max_shift + 1, size=(2, n))
+  return np.stack([padded_im[i, dy[i]:dy[i] + h, dx[i]:dx[i] + w] for i in range(n)])
+
+
+def _digits(cfg, local_batch, local_eval, pi, pc) -> Data:
+  tx, ty, ex, ey = load_digits(cfg.image_size)
+  steps = len(ty) // cfg.global_batch_size
+  if steps == 0:
+    raise UserError(f"--global_batch_size={cfg.global_batch_size} is larger than the "
+                    f"{len(ty)} digits training examples")
+  mine = process_indices(len(ey), pi, pc)
+  eval_steps = num_steps(len(ey), local_eval * pc)
+
+  def train(epoch):
+    rng = np.random.default_rng([cfg.seed, epoch])
+    order = rng.permutation(len(ty))[:steps * cfg.global_batch_size]
+    order = order.reshape(steps, pc, local_batch)[:, pi]
+    for idx in order:
+      yield {"image": _shift(tx[idx], rng, max(1, cfg.image_size // 16)), "label": ty[idx]}
+
+  def evaluate():
+    arrays = {"image": ex[mine], "label": ey[mine]}
+    return padded(array_batches(arrays, local_eval), local_eval, eval_steps, arrays)
+
+  return Data("digits", len(ty), len(ey), steps, eval_steps, train, evaluate, NAMES)
+
+
+# --- synthetic: fixed random batches, for throughput ------------------------------------------
+
+def _synthetic(cfg, local_batch, local_eval) -> Data:
+  n = cfg.synthetic_examples or IMAGENET_TRAIN
+  steps = max(1, n // cfg.global_batch_size)
+  rng = np.random.default_rng(cfg.seed)
+  shape = (local_batch, cfg.image_size, cfg.image_size, 3)
+  batch = {"image": rng.standard_normal(shape, np.float32),
+           "label": rng.integers(0, cfg.num_classes, local_batch).astype(np.int32)}
+  ev = {"image": batch["image"][:local_eval], "label": batch["label"][:local_eval],
+        "mask": np.ones(min(local_eval, local_batch), np.float32)}
+
+  def train(epoch):
+    del epoch
+    for _ in range(steps):
+      yield batch
+
+  def evaluate():
+    yield ev
+
+  return Data("synthetic", steps * cfg.global_batch_size, len(ev["label"]), steps, 1, train,
+              evaluate, NAMES)
+
+
+# --- ImageNet as prepared by tensorflow-datasets (ArrayRecord), read with grain ---------------
+
+def _find_tfds(data_dir: str, name: str) -> None:
+  if not data_dir:
+    raise UserError(f"--dataset=imagenet needs --data_dir: the tensorflow-datasets folder that "
+                    f"holds {name}/<version>/")
+  if not os.path.isdir(data_dir):
+    raise UserError(f"--data_dir={data_dir} does not exist")
+  infos = glob.glob(os.path.join(data_dir, name, "*", "dataset_info.json"))
+  if not infos:
+    raise UserError(
+        f"no {name} in --data_dir={data_dir} (looked for {name}/<version>/dataset_info.json); "
+        f"prepare it with `tfds build {name} --manual_dir=... --file_format=array_record` "
+        f"(needs TensorFlow once), or use --dataset=digits or --dataset=synthetic")
+  if not glob.glob(os.path.join(os.path.dirname(infos[0]), "*.array_record*")):
+    raise UserError(
+        f"{os.path.dirname(infos[0])} holds no ArrayRecord files; meshperf reads tfds datasets "
+        f"prepared with --file_format=array_record (no TensorFlow at run time)")
+
+
+def open_tfds(data_dir: str, name: str, split: str):
+  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+  _find_tfds(data_dir, name)
+  return tfds.data_source(name, split=split, data_dir=data_dir, download=False)
+
+
+def _normalize(image: np.ndarray) -> np.ndarray:
+  return (image.astype(np.float32) - IMAGENET_MEAN) / IMAGENET_STD
+
+
+def _rgb(image: np.ndarray) -> Image.Image:
+  im = Image.fromarray(image)
+  return im.convert("RGB") if im.mode != "RGB" else im
+
+
+def inception_crop(image: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
+  """Random-area (8%-100%), random-aspect (3/4-4/3) crop resized to size, random flip."""
+  h, w = image.shape[:2]
+  for _ in range(10):
+    area = h * w * rng.uniform(0.08, 1.0)
+    aspect = np.exp(rng.uniform(np.log(3 / 4), np.log(4 / 3)))
+    cw, ch = int(round(np.sqrt(area * aspect))), int(round(np.sqrt(area / aspect)))
+    if 0 < cw <= w and 0 < ch <= h:
+      y0, x0 = rng.integers(0, h - ch + 1), rng.integers(0, w - cw + 1)
+      break
+  else:
+    ch = cw = min(h, w)
+    y0, x0 = (h - ch) // 2, (w - cw) // 2
+  im = _rgb(image).crop((x0, y0, x0 + cw, y0 + ch)).resize((size, size), Image.BILINEAR)
+  out = np.asarray(im)
+  return out[:, ::-1] if rng.random() < 0.5 else out
+
+
+def center_crop(image: np.ndarray, size: int, crop_fraction: float = 0.875) -> np.ndarray:
+  """Resize the shorter side to size / 0.875, then take the central size x size crop."""
+  h, w = image.shape[:2]
+  scale = size / crop_fraction / min(h, w)
+  nh, nw = max(size, round(h * scale)), max(size, round(w * scale))
+  im = _rgb(image).resize((nw, nh), Image.BILINEAR)
+  y0, x0 = (nh - size) // 2, (nw - size) // 2
+  return np.asarray(im.crop((x0, y0, x0 + size, y0 + size)))
+
+
+def _imagenet(cfg, local_batch, local_eval, pi, pc) -> Data:
+  import grain  # pylint: disable=import-outside-toplevel
+  train_src = open_tfds(cfg.data_dir, "imagenet2012", "train")
+  eval_src = open_tfds(cfg.data_dir, "imagenet2012", "validation")
+  steps = len(train_src) // cfg.global_batch_size
+  if steps == 0:
+    raise UserError(f"--global_batch_size={cfg.global_batch_size} is larger than the "
+                    f"{len(train_src)} imagenet2012 training examples in {cfg.data_dir}")
+  eval_steps = num_steps(len(eval_src), local_eval * pc)
+  size = cfg.image_size
+  options = grain.ReadOptions(num_threads=16, prefetch_buffer_size=4 * local_batch)
+
+  def train_example(ex, rng):
+    return {"image": _normalize(inception_crop(ex["image"], size, rng)),
+            "label": np.int32(ex["label"])}
+
+  def eval_example(ex):
+    return {"image": _normalize(center_crop(ex["image"], size)), "label": np.int32(ex["label"])}
+
+  def train(epoch):
+    ds = (grain.MapDataset.source(train_src).shuffle(seed=cfg.seed + epoch)[pi::pc]
+          .random_map(train_example, seed=cfg.seed * 1000003 + epoch)
+          .batch(local_batch, drop_remainder=True))
+    it = iter(ds.to_iter_dataset(options))
+    for _ in range(steps):
+      yield next(it)
+
+  def evaluate():
+    ds = (grain.MapDataset.source(eval_src)[pi::pc].map(eval_example)
+          .batch(local_eval, drop_remainder=False))
+    example = {"image": np.zeros((1, size, size, 3), np.float32), "label": np.zeros(1, np.int32)}
+    return padded(ds.to_iter_dataset(options), local_eval, eval_steps, example)
+
+  return Data("imagenet2012", len(train_src), len(eval_src), steps, eval_steps, train, evaluate,
+              NAMES)

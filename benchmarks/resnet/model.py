@@ -1,0 +1,128 @@
+"""ResNet v1.5 in Flax with named dimensions and batch norm over groups of `bn_span` examples.
+
+Dimension names: activations (batch, height, width, channels); conv kernels
+(None, None, in_channels, channels); batch-norm vectors (channels,); the classifier
+(in_channels, classes). A layout over these names shards the same code any way it likes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from mesh import constrain
+
+ACT = ("batch", "height", "width", "channels")
+STAGES = {  # depth -> (blocks per stage, bottleneck)
+    10: ((1, 1, 1, 1), False), 14: ((1, 1, 1, 1), True), 18: ((2, 2, 2, 2), False),
+    26: ((2, 2, 2, 2), True), 34: ((3, 4, 6, 3), False), 50: ((3, 4, 6, 3), True),
+    101: ((3, 4, 23, 3), True), 152: ((3, 8, 36, 3), True),
+}
+
+
+def _named(init, names):
+  return nn.with_logical_partitioning(init, names)
+
+
+class BatchNorm(nn.Module):
+  """Batch norm whose statistics are taken over groups of `span` consecutive examples.
+
+  `span` is MLPerf's `model_bn_span`: with the batch split over replicas, a span equal to the
+  per-replica batch is local batch norm, and a larger span is distributed batch norm over
+  span / per-replica-batch replicas. None means the whole (global) batch.
+  """
+  span: int | None = None
+  momentum: float = 0.9
+  epsilon: float = 1e-5
+  zero_scale: bool = False
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, train: bool):
+    c = x.shape[-1]
+    scale = self.param("scale", _named(nn.initializers.zeros if self.zero_scale
+                                       else nn.initializers.ones, ("channels",)), (c,))
+    bias = self.param("bias", _named(nn.initializers.zeros, ("channels",)), (c,))
+    mean_v = self.variable("batch_stats", "mean", _named(jnp.zeros, ("channels",)), (c,))
+    var_v = self.variable("batch_stats", "var", _named(jnp.ones, ("channels",)), (c,))
+    if train:
+      b = x.shape[0]
+      span = self.span or b
+      if b % span:
+        raise ValueError(f"batch {b} is not a multiple of bn span {span}")
+      g = x.astype(jnp.float32).reshape((b // span, span) + x.shape[1:])
+      axes = tuple(range(1, g.ndim - 1))
+      mean = jnp.mean(g, axes, keepdims=True)
+      var = jnp.mean(jnp.square(g - mean), axes, keepdims=True)
+      y = ((g - mean) * jax.lax.rsqrt(var + self.epsilon)).reshape(x.shape)
+      if not self.is_initializing():
+        m = self.momentum
+        mean_v.value = m * mean_v.value + (1 - m) * jnp.mean(mean.reshape(-1, c), axis=0)
+        var_v.value = m * var_v.value + (1 - m) * jnp.mean(var.reshape(-1, c), axis=0)
+    else:
+      y = (x.astype(jnp.float32) - mean_v.value) * jax.lax.rsqrt(var_v.value + self.epsilon)
+    return (y * scale + bias).astype(self.dtype)
+
+
+def conv(x, features: int, kernel: int, strides: int = 1, name: str | None = None, dtype=None):
+  pad = kernel // 2
+  y = nn.Conv(features, (kernel, kernel), (strides, strides), padding=[(pad, pad), (pad, pad)],
+              use_bias=False, dtype=dtype, name=name,
+              kernel_init=_named(nn.initializers.variance_scaling(2.0, "fan_out", "normal"),
+                                 (None, None, "in_channels", "channels")))(x)
+  return constrain(y, ACT)
+
+
+class Block(nn.Module):
+  features: int
+  strides: int
+  bottleneck: bool
+  bn_span: int | None
+  dtype: Any
+
+  @nn.compact
+  def __call__(self, x, train: bool):
+    bn = lambda zero=False: BatchNorm(self.bn_span, zero_scale=zero, dtype=self.dtype)
+    out_features = self.features * (4 if self.bottleneck else 1)
+    residual = x
+    if self.bottleneck:
+      y = nn.relu(bn()(conv(x, self.features, 1, dtype=self.dtype), train))
+      # v1.5: the stride is on the 3x3 convolution.
+      y = nn.relu(bn()(conv(y, self.features, 3, self.strides, dtype=self.dtype), train))
+      y = bn(True)(conv(y, out_features, 1, dtype=self.dtype), train)
+    else:
+      y = nn.relu(bn()(conv(x, self.features, 3, self.strides, dtype=self.dtype), train))
+      y = bn(True)(conv(y, out_features, 3, dtype=self.dtype), train)
+    if residual.shape != y.shape:
+      residual = bn()(conv(x, out_features, 1, self.strides, dtype=self.dtype), train)
+    return constrain(nn.relu(y + residual), ACT)
+
+
+class ResNet(nn.Module):
+  """ResNet v1.5 (ResNet-50 with depth=50, width=64)."""
+  depth: int = 50
+  width: int = 64
+  num_classes: int = 1000
+  bn_span: int | None = None
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, train: bool):
+    stages, bottleneck = STAGES[self.depth]
+    x = constrain(x.astype(self.dtype), ACT)
+    x = conv(x, self.width, 7, 2, name="stem", dtype=self.dtype)
+    x = nn.relu(BatchNorm(self.bn_span, dtype=self.dtype)(x, train))
+    x = nn.max_pool(x, (3, 3), (2, 2), padding=((1, 1), (1, 1)))
+    x = constrain(x, ACT)
+    for i, blocks in enumerate(stages):
+      for j in range(blocks):
+        x = Block(self.width * 2**i, 2 if (i > 0 and j == 0) else 1, bottleneck, self.bn_span,
+                  self.dtype)(x, train)
+    x = constrain(jnp.mean(x.astype(jnp.float32), axis=(1, 2)), ("batch", "channels"))
+    x = nn.Dense(self.num_classes, dtype=jnp.float32,
+                 kernel_init=_named(nn.initializers.normal(0.01), ("in_channels", "classes")),
+                 bias_init=_named(nn.initializers.zeros, ("classes",)))(x)
+    return constrain(x, ("batch", "classes"))

@@ -1,0 +1,101 @@
+"""ResNet-50 v1.5 on ImageNet: model, loss, metric, optimizer and MLPerf hyperparameter keys."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from benchmarks.resnet import data as data_lib
+from benchmarks.resnet.config import Config
+from benchmarks.resnet.model import ResNet
+from benchmarks.task import Task
+from logs.mlperf import C
+
+
+def schedule(cfg: Config, steps_per_epoch: int):
+  """MLPerf ResNet: linear (poly-1) warmup to the base rate, then poly-`power` decay to end."""
+  warmup = int(round(cfg.warmup_epochs * steps_per_epoch))
+  total = int(round((cfg.schedule_epochs or cfg.max_epochs) * steps_per_epoch))
+  decay = max(1, total - warmup)
+  decay_fn = optax.polynomial_schedule(cfg.base_learning_rate, cfg.end_learning_rate,
+                                       cfg.decay_poly_power, decay)
+  if warmup == 0:
+    return decay_fn, warmup, decay
+  warm_fn = optax.linear_schedule(cfg.base_learning_rate / warmup, cfg.base_learning_rate, warmup)
+  return optax.join_schedules([warm_fn, decay_fn], [warmup]), warmup, decay
+
+
+def _is_kernel(params):
+  """Weight decay and LARS adaptation apply to kernels only (not batch norm or biases)."""
+  return jax.tree_util.tree_map_with_path(
+      lambda path, _: getattr(path[-1], "key", None) == "kernel", params)
+
+
+def optimizer(cfg: Config, lr):
+  if cfg.optimizer == "lars":
+    return optax.lars(lr, weight_decay=cfg.weight_decay, weight_decay_mask=_is_kernel,
+                      trust_coefficient=cfg.lars_trust_coefficient, eps=cfg.lars_epsilon,
+                      trust_ratio_mask=_is_kernel, momentum=cfg.momentum)
+  return optax.chain(optax.add_decayed_weights(cfg.weight_decay, mask=_is_kernel),
+                     optax.sgd(lr, momentum=cfg.momentum))
+
+
+def hparams(cfg: Config, bn_span: int, decay: int):
+  opt = cfg.optimizer
+  keys = [(C.GLOBAL_BATCH_SIZE, cfg.global_batch_size), (C.OPT_NAME, opt),
+          (C.MODEL_BN_SPAN, bn_span), (C.GRADIENT_ACCUMULATION_STEPS, 1)]
+  if opt == "lars":
+    keys += [(C.LARS_OPT_BASE_LEARNING_RATE, cfg.base_learning_rate),
+             (C.LARS_OPT_END_LR, cfg.end_learning_rate),
+             (C.LARS_OPT_LR_DECAY_POLY_POWER, cfg.decay_poly_power),
+             (C.LARS_OPT_LR_DECAY_STEPS, decay),
+             (C.LARS_EPSILON, cfg.lars_epsilon),
+             (C.LARS_OPT_LEARNING_RATE_WARMUP_EPOCHS, cfg.warmup_epochs),
+             (C.LARS_OPT_MOMENTUM, cfg.momentum),
+             (C.LARS_OPT_WEIGHT_DECAY, cfg.weight_decay)]
+  else:
+    # mllog.constants has no SGD names; these are the keys closed_resnet_sgd.yaml checks.
+    keys += [("sgd_opt_base_learning_rate", cfg.base_learning_rate),
+             ("sgd_opt_end_learning_rate", cfg.end_learning_rate),
+             ("sgd_opt_learning_rate_decay_poly_power", cfg.decay_poly_power),
+             ("sgd_opt_learning_rate_decay_steps", decay),
+             ("sgd_opt_weight_decay", cfg.weight_decay),
+             ("sgd_opt_momentum", cfg.momentum),
+             (C.OPT_LR_WARMUP_EPOCHS, cfg.warmup_epochs)]
+  return tuple(keys)
+
+
+def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int = 1) -> Task:
+  """`replicas`: how many ways the batch is split (the default bn span is the per-replica batch)."""
+  data = data_lib.make(cfg, process_index, process_count)
+  bn_span = cfg.bn_span or max(1, cfg.global_batch_size // replicas)
+  dtype = jnp.bfloat16 if cfg.dtype == "bfloat16" else jnp.float32
+  model = ResNet(cfg.model_depth, cfg.model_width, cfg.num_classes, bn_span, dtype)
+  eval_model = model.clone(bn_span=None)
+  lr, _, decay = schedule(cfg, data.steps_per_epoch)
+
+  def init(rng):
+    x = jnp.zeros((bn_span, cfg.image_size, cfg.image_size, 3), jnp.float32)
+    return model.init(rng, x, train=False)
+
+  def loss(params, model_state, batch, rng):
+    del rng
+    logits, new_state = model.apply({"params": params, **model_state}, batch["image"],
+                                    train=True, mutable=["batch_stats"])
+    labels = optax.smooth_labels(jax.nn.one_hot(batch["label"], cfg.num_classes),
+                                 cfg.label_smoothing)
+    value = optax.softmax_cross_entropy(logits, labels).mean()
+    acc = jnp.mean(jnp.argmax(logits, -1) == batch["label"])
+    return value, (new_state, {"accuracy": acc})
+
+  def eval_stats(params, model_state, batch):
+    logits = eval_model.apply({"params": params, **model_state}, batch["image"], train=False)
+    correct = (jnp.argmax(logits, -1) == batch["label"]).astype(jnp.float32)
+    return {"correct": jnp.sum(correct * batch["mask"]), "count": jnp.sum(batch["mask"])}
+
+  return Task(
+      benchmark=C.RESNET, init=init, loss=loss, eval_stats=eval_stats,
+      quality=lambda s: float(s["correct"] / max(s["count"], 1)), quality_name="top-1 accuracy",
+      target=cfg.target_accuracy, optimizer=optimizer(cfg, lr), learning_rate=lr, data=data,
+      hparams=hparams(cfg, bn_span, decay))

@@ -1,0 +1,1 @@
+"""MLPerf logging, compliance checking and (later) submission packaging."""

@@ -1,0 +1,115 @@
+"""Runs the official MLPerf compliance checker over result logs.
+
+`python -m logs.compliance PATH` checks one log file, or every `result_*.txt` under a folder,
+against every training ruleset that knows the log's benchmark; exit status 0 only if all pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+# The training rulesets that define each benchmark (see REFERENCE.md).
+RULESETS = {
+    "resnet": ("0.7.0", "1.0.0"),
+    "transformer": ("0.6.0", "0.7.0"),
+    "ssd": ("0.7.0", "1.0.0"),
+}
+_SEPARATOR = "-" * 30
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckResult:
+  path: str
+  ruleset: str
+  ok: bool
+  messages: tuple[str, ...]
+
+
+def benchmark_of(path: str) -> str | None:
+  """The `submission_benchmark` value logged in a result file."""
+  with open(path, encoding="utf-8", errors="replace") as f:
+    for line in f:
+      if ":::MLLOG" in line and '"submission_benchmark"' in line:
+        try:
+          return json.loads(line.split(":::MLLOG", 1)[1])["value"]
+        except (ValueError, KeyError):
+          return None
+  return None
+
+
+def check_file(path: str, ruleset: str) -> CheckResult:
+  """Runs `python -m mlperf_logging.compliance_checker` (a fresh process: it keeps global state)."""
+  with tempfile.TemporaryDirectory() as tmp:
+    proc = subprocess.run(
+        [sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", "training",
+         "--ruleset", ruleset, "--log_output", os.path.join(tmp, "checker.log"), path],
+        capture_output=True, text=True, check=False)
+  text = proc.stderr
+  messages = []
+  # Messages are logged as 'WARNING -  <msg>' blocks separated by a line of dashes.
+  if "WARNING - " in text:
+    body = text.split("WARNING - ", 1)[1]
+    body = body.split("ERROR - FAILED")[0]
+    body = "\n".join(l for l in body.splitlines() if not l.startswith("** Logging output"))
+    messages = [m.strip() for m in body.split(_SEPARATOR) if m.strip()]
+  ok = proc.returncode == 0
+  if not ok and not messages:
+    messages = [text.strip() or proc.stdout.strip()]
+  return CheckResult(path, ruleset, ok, tuple(messages))
+
+
+def find_logs(path: str) -> list[str]:
+  if os.path.isdir(path):
+    return sorted(glob.glob(os.path.join(path, "**", "result_*.txt"), recursive=True))
+  return [path]
+
+
+def check_path(path: str, rulesets: tuple[str, ...] | None = None) -> list[CheckResult]:
+  """Checks a file or every result_*.txt under a folder. Raises UserError on a bad path."""
+  from mesh.errors import UserError  # pylint: disable=import-outside-toplevel
+  if not os.path.exists(path):
+    raise UserError(f"{path} does not exist; pass a result_*.txt file or a run's output folder")
+  logs = find_logs(path)
+  if not logs:
+    raise UserError(f"no result_*.txt under {path}; pass a run's --output_dir")
+  results = []
+  for log in logs:
+    bench = benchmark_of(log)
+    if bench not in RULESETS:
+      results.append(CheckResult(log, "-", False, (
+          f"no known submission_benchmark in the log (found {bench!r}); meshperf checks "
+          f"{', '.join(RULESETS)}",)))
+      continue
+    for ruleset in rulesets or RULESETS[bench]:
+      results.append(check_file(log, ruleset))
+  return results
+
+
+def main(argv: list[str]) -> int:
+  from mesh.errors import UserError  # pylint: disable=import-outside-toplevel
+  if len(argv) != 1:
+    print("usage: ./run.sh check PATH   (a result_*.txt file or a folder of them)", file=sys.stderr)
+    return 2
+  try:
+    results = check_path(argv[0])
+  except UserError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  for r in results:
+    print(f"{'PASS' if r.ok else 'FAIL'}  ruleset {r.ruleset}  {r.path}")
+    if not r.ok:
+      for m in r.messages:
+        print("    " + m.replace("\n", "\n    "))
+  failed = sum(not r.ok for r in results)
+  print(f"{len(results) - failed} passed, {failed} failed")
+  return 1 if failed else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,1 @@
+"""Pluggable pod-scale optimizations, chosen by name (see issue 3)."""
