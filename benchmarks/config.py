@@ -21,7 +21,7 @@ class Common:
   mesh: str = "data:-1"             # Mesh-TensorFlow mesh spec
   layout: str = "batch:data"        # logical dimension -> mesh axes
   optimizations: str = "none"       # comma-separated plug-ins (issue 3)
-  dtype: str = "float32"            # compute dtype: float32 or bfloat16
+  dtype: str = "float32"            # compute dtype: float32, bfloat16 (float64 for exactness tests)
   # Run length and evaluation.
   global_batch_size: int = 64
   eval_batch_size: int = 0          # 0: same as global_batch_size
@@ -50,8 +50,8 @@ def preset(presets: dict[str, Any], name: str, benchmark: str) -> Any:
 
 
 def validate_common(c: Common) -> None:
-  if c.dtype not in ("float32", "bfloat16"):
-    raise UserError(f"--dtype={c.dtype}: choose float32 or bfloat16")
+  if c.dtype not in ("float32", "bfloat16", "float64"):
+    raise UserError(f"--dtype={c.dtype}: choose float32 or bfloat16 (float64: exactness checks)")
   for field in ("global_batch_size", "max_epochs", "eval_every"):
     if getattr(c, field) <= 0:
       raise UserError(f"--{field} must be positive (got {getattr(c, field)})")

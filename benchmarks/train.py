@@ -149,6 +149,10 @@ def compile_program(task: Task, sharder: Sharder, seed: int, train_example: dict
             "model_state": model_state, "opt_state": opt_state}, metrics
 
   batch_shardings = {k: sharder.named(v) for k, v in task.data.names.items()}
+  for example in (train_example, eval_example):   # clear errors before jit's own
+    for k, v in example.items():
+      sharder.spec(task.data.names[k], (v.shape[0] * process_count,) + v.shape[1:],
+                   what=f"input '{k}'")
   t0 = time.time()
   with use(sharder):
     state = jax.jit(init_state, out_shardings=state_shardings)(init_rng)

@@ -15,7 +15,7 @@ from PIL import Image
 from benchmarks.data import Data, array_batches, num_steps, padded, process_indices
 from mesh.errors import UserError
 
-NAMES = {"image": ("batch", "height", "width", "channels"), "label": ("batch",),
+NAMES = {"image": ("batch", "height", "width", None), "label": ("batch",),
          "mask": ("batch",)}
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32) * 255
 IMAGENET_STD = np.array([0.229, 0.224, 0.225], np.float32) * 255

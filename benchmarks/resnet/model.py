@@ -27,6 +27,11 @@ def _named(init, names):
   return nn.with_logical_partitioning(init, names)
 
 
+def _param_dtype(dtype):
+  """float32 parameters and statistics, except float64 for float64 exactness checks."""
+  return jnp.float64 if dtype == jnp.float64 else jnp.float32
+
+
 class BatchNorm(nn.Module):
   """Batch norm whose statistics are taken over groups of `span` consecutive examples.
 
@@ -42,18 +47,18 @@ class BatchNorm(nn.Module):
 
   @nn.compact
   def __call__(self, x, train: bool):
-    c = x.shape[-1]
+    c, f = x.shape[-1], _param_dtype(self.dtype)
     scale = self.param("scale", _named(nn.initializers.zeros if self.zero_scale
-                                       else nn.initializers.ones, ("channels",)), (c,))
-    bias = self.param("bias", _named(nn.initializers.zeros, ("channels",)), (c,))
-    mean_v = self.variable("batch_stats", "mean", _named(jnp.zeros, ("channels",)), (c,))
-    var_v = self.variable("batch_stats", "var", _named(jnp.ones, ("channels",)), (c,))
+                                       else nn.initializers.ones, ("channels",)), (c,), f)
+    bias = self.param("bias", _named(nn.initializers.zeros, ("channels",)), (c,), f)
+    mean_v = self.variable("batch_stats", "mean", _named(jnp.zeros, ("channels",)), (c,), f)
+    var_v = self.variable("batch_stats", "var", _named(jnp.ones, ("channels",)), (c,), f)
     if train:
       b = x.shape[0]
       span = self.span or b
       if b % span:
         raise ValueError(f"batch {b} is not a multiple of bn span {span}")
-      g = x.astype(jnp.float32).reshape((b // span, span) + x.shape[1:])
+      g = x.astype(f).reshape((b // span, span) + x.shape[1:])
       axes = tuple(range(1, g.ndim - 1))
       mean = jnp.mean(g, axes, keepdims=True)
       var = jnp.mean(jnp.square(g - mean), axes, keepdims=True)
@@ -63,14 +68,14 @@ class BatchNorm(nn.Module):
         mean_v.value = m * mean_v.value + (1 - m) * jnp.mean(mean.reshape(-1, c), axis=0)
         var_v.value = m * var_v.value + (1 - m) * jnp.mean(var.reshape(-1, c), axis=0)
     else:
-      y = (x.astype(jnp.float32) - mean_v.value) * jax.lax.rsqrt(var_v.value + self.epsilon)
+      y = (x.astype(f) - mean_v.value) * jax.lax.rsqrt(var_v.value + self.epsilon)
     return (y * scale + bias).astype(self.dtype)
 
 
 def conv(x, features: int, kernel: int, strides: int = 1, name: str | None = None, dtype=None):
   pad = kernel // 2
   y = nn.Conv(features, (kernel, kernel), (strides, strides), padding=[(pad, pad), (pad, pad)],
-              use_bias=False, dtype=dtype, name=name,
+              use_bias=False, dtype=dtype, param_dtype=_param_dtype(dtype), name=name,
               kernel_init=_named(nn.initializers.variance_scaling(2.0, "fan_out", "normal"),
                                  (None, None, "in_channels", "channels")))(x)
   return constrain(y, ACT)
@@ -112,7 +117,7 @@ class ResNet(nn.Module):
   @nn.compact
   def __call__(self, x, train: bool):
     stages, bottleneck = STAGES[self.depth]
-    x = constrain(x.astype(self.dtype), ACT)
+    x = constrain(x.astype(self.dtype), ("batch", "height", "width", None))  # RGB: not split
     x = conv(x, self.width, 7, 2, name="stem", dtype=self.dtype)
     x = nn.relu(BatchNorm(self.bn_span, dtype=self.dtype)(x, train))
     x = nn.max_pool(x, (3, 3), (2, 2), padding=((1, 1), (1, 1)))
@@ -121,8 +126,9 @@ class ResNet(nn.Module):
       for j in range(blocks):
         x = Block(self.width * 2**i, 2 if (i > 0 and j == 0) else 1, bottleneck, self.bn_span,
                   self.dtype)(x, train)
-    x = constrain(jnp.mean(x.astype(jnp.float32), axis=(1, 2)), ("batch", "channels"))
-    x = nn.Dense(self.num_classes, dtype=jnp.float32,
+    f = _param_dtype(self.dtype)
+    x = constrain(jnp.mean(x.astype(f), axis=(1, 2)), ("batch", "channels"))
+    x = nn.Dense(self.num_classes, dtype=f, param_dtype=f,
                  kernel_init=_named(nn.initializers.normal(0.01), ("in_channels", "classes")),
                  bias_init=_named(nn.initializers.zeros, ("classes",)))(x)
     return constrain(x, ("batch", "classes"))

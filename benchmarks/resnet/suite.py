@@ -11,19 +11,26 @@ from benchmarks.resnet.config import Config
 from benchmarks.resnet.model import ResNet
 from benchmarks.task import Task
 from logs.mlperf import C
+from mesh.errors import UserError
 
 
 def schedule(cfg: Config, steps_per_epoch: int):
-  """MLPerf ResNet: linear (poly-1) warmup to the base rate, then poly-`power` decay to end."""
+  """MLPerf ResNet: linear warmup reaching the base rate at the last warmup step, then
+  polynomial (power 2) decay to the end rate over the remaining steps.
+
+  Returns (lr(step), warmup steps, decay steps).
+  """
   warmup = int(round(cfg.warmup_epochs * steps_per_epoch))
   total = int(round((cfg.schedule_epochs or cfg.max_epochs) * steps_per_epoch))
   decay = max(1, total - warmup)
-  decay_fn = optax.polynomial_schedule(cfg.base_learning_rate, cfg.end_learning_rate,
-                                       cfg.decay_poly_power, decay)
-  if warmup == 0:
-    return decay_fn, warmup, decay
-  warm_fn = optax.linear_schedule(cfg.base_learning_rate / warmup, cfg.base_learning_rate, warmup)
-  return optax.join_schedules([warm_fn, decay_fn], [warmup]), warmup, decay
+  base, end, power = cfg.base_learning_rate, cfg.end_learning_rate, cfg.decay_poly_power
+
+  def lr(step):
+    step = jnp.asarray(step, jnp.float32)
+    warm = base * (step + 1) / max(warmup, 1)
+    t = jnp.clip(step - warmup, 0, decay) / decay
+    return jnp.where(step < warmup, warm, end + (base - end) * (1 - t) ** power)
+  return lr, warmup, decay
 
 
 def _is_kernel(params):
@@ -68,9 +75,11 @@ def hparams(cfg: Config, bn_span: int, decay: int):
 
 def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int = 1) -> Task:
   """`replicas`: how many ways the batch is split (the default bn span is the per-replica batch)."""
+  if cfg.dtype == "float64" and not jax.config.jax_enable_x64:
+    raise UserError("--dtype=float64 needs 64-bit jax: set JAX_ENABLE_X64=1")
   data = data_lib.make(cfg, process_index, process_count)
   bn_span = cfg.bn_span or max(1, cfg.global_batch_size // replicas)
-  dtype = jnp.bfloat16 if cfg.dtype == "bfloat16" else jnp.float32
+  dtype = {"bfloat16": jnp.bfloat16, "float32": jnp.float32, "float64": jnp.float64}[cfg.dtype]
   model = ResNet(cfg.model_depth, cfg.model_width, cfg.num_classes, bn_span, dtype)
   eval_model = model.clone(bn_span=None)
   lr, _, decay = schedule(cfg, data.steps_per_epoch)

@@ -1,0 +1,67 @@
+"""Shared test helpers: tiny configs and an independent single-device training baseline."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import optax
+from flax import linen as nn
+
+from benchmarks import train
+from benchmarks.resnet import suite
+from benchmarks.resnet.config import PRESETS
+from mesh import devices
+from mesh.sharding import Sharder
+from mesh.spec import parse_layout, parse_mesh
+
+
+def tiny_resnet(**kw):
+  """ResNet-10 of width 8 on 32x32 digits: compiles in seconds."""
+  base = dict(model_depth=10, model_width=8, global_batch_size=32, eval_batch_size=64,
+              bn_span=4, max_epochs=1, base_learning_rate=1.0, warmup_epochs=0.2)
+  base.update(kw)
+  return dataclasses.replace(PRESETS["cpu"], **base)
+
+
+def sharder(mesh: str, layout: str) -> Sharder:
+  return Sharder(devices.make_mesh(parse_mesh(mesh)), parse_layout(layout))
+
+
+def single_device_baseline(task, seed: int, batches):
+  """Plain jax on one device: no mesh, no shardings, no layout. Returns (losses, params)."""
+  init_rng, train_rng = jax.random.split(jax.random.PRNGKey(seed))
+  variables = nn.meta.unbox(task.init(init_rng))
+  params = variables.pop("params")
+  model_state = variables
+  opt_state = task.optimizer.init(params)
+
+  @jax.jit
+  def step(params, model_state, opt_state, batch, i):
+    rng = jax.random.fold_in(train_rng, i)
+    (loss, (model_state, _)), grads = jax.value_and_grad(task.loss, has_aux=True)(
+        params, model_state, batch, rng)
+    updates, opt_state = task.optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), model_state, opt_state, loss
+
+  losses = []
+  dev = jax.devices()[0]
+  for i, b in enumerate(batches):
+    b = jax.device_put(b, dev)
+    params, model_state, opt_state, loss = step(params, model_state, opt_state, b, i)
+    losses.append(float(loss))
+  return np.array(losses), jax.device_get(params)
+
+
+def sharded_run(task, shd: Sharder, seed: int, batches):
+  """The harness's own compiled, sharded steps. Returns (losses, params, program)."""
+  program, state = train.compile_program(task, shd, seed, batches[0],
+                                         next(iter(task.data.eval())))
+  losses = []
+  for b in batches:
+    state, metrics = program.train(state, train.global_batch(b, program.batch_shardings))
+    losses.append(float(metrics["loss"]))
+  return np.array(losses), jax.device_get(state["params"]), program
+
+
+def resnet_task(cfg, replicas=8):
+  return suite.build(cfg, replicas=replicas)

@@ -1,0 +1,56 @@
+"""Bad input gets one clear line, exit status 2, no traceback, and no log left behind."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_main(*args, cwd=ROOT):
+  env = dict(os.environ)
+  env.pop("XLA_FLAGS", None)
+  return subprocess.run([sys.executable, "-m", "benchmarks.main", *args], cwd=cwd, env=env,
+                        capture_output=True, text=True, timeout=300, check=False)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["resnet", "--mesh=data:3"], "has 3 devices but 8 are available"),
+    (["resnet", "--mesh=data"], "must be name:value"),
+    (["resnet", "--mesh=data:-1,model:-1"], "more than once"),
+    (["resnet", "--layout=batch:model"], "names mesh axis 'model'"),
+    (["resnet", "--layout=batch:data;;"], "empty entry"),
+    (["resnet", "--mesh=data:4,model:2", "--layout=batch:data;in_channels:model;channels:model"],
+     "both split over mesh axis 'model'"),
+    (["resnet", "--mesh=data:4,model:2", "--layout=batch:data;channels:model",
+      "--model_width=3"], "not divisible by mesh axes model"),
+    (["resnet", "--global_batch_size=60"], "--global_batch_size=60 is not divisible"),
+    (["resnet", "--dataset=imagenet", "--data_dir=/nonexistent"], "does not exist"),
+    (["resnet", "--dataset=cifar"], "--dataset=cifar: choose one of"),
+    (["resnet", "--config=tpu-v9"], "unknown --config 'tpu-v9'"),
+    (["resnet", "--model_depth=51"], "--model_depth=51: choose one of"),
+    (["bert"], "benchmark one of resnet"),
+])
+def test_bad_input_one_line_exit_2(tmp_path, args, needle):
+  out = tmp_path / "out"
+  p = run_main(*args, f"--output_dir={out}")
+  assert p.returncode == 2, p.stderr[-2000:]
+  assert "Traceback" not in p.stderr
+  errors = [line for line in p.stderr.splitlines() if line.startswith("error: ")]
+  assert len(errors) == 1 and needle in errors[0], p.stderr[-2000:]
+  assert not (out / "result_0.txt").exists()   # no half-written log
+
+
+def test_existing_log_is_not_overwritten(tmp_path):
+  (tmp_path / "result_0.txt").write_text("earlier run\n")
+  p = run_main("resnet", f"--output_dir={tmp_path}")
+  assert p.returncode == 2 and "already exists" in p.stderr
+  assert (tmp_path / "result_0.txt").read_text() == "earlier run\n"
+
+
+def test_run_sh_check_bad_path():
+  p = subprocess.run([os.path.join(ROOT, "run.sh"), "check", "/nonexistent/folder"],
+                     capture_output=True, text=True, check=False)
+  assert p.returncode == 2 and p.stderr.strip().startswith("error: /nonexistent/folder")

@@ -1,0 +1,114 @@
+"""ImageNet in the tensorflow-datasets format (ArrayRecord), from a folder the test builds with
+the real `imagenet2012` builder's features and writer, read without TensorFlow."""
+
+import dataclasses
+import io
+import sys
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from benchmarks import train
+from benchmarks.resnet import data as data_lib
+from benchmarks.resnet import suite
+from mesh.errors import UserError
+from tests import helpers
+
+N_TRAIN, N_EVAL = 70, 23
+
+
+def _jpeg(rng, h, w):
+  b = io.BytesIO()
+  Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(b, format="JPEG")
+  return b.getvalue()
+
+
+@pytest.fixture(scope="module")
+def imagenet_dir(tmp_path_factory):
+  import tensorflow_datasets as tfds
+  root = tmp_path_factory.mktemp("tfds")
+  base = tfds.builder_cls("imagenet2012")
+  rng = np.random.default_rng(0)
+
+  class SmallImagenet(base, skip_registration=True):
+    name = "imagenet2012"
+
+    def _split_generators(self, dl_manager):
+      return {"train": self._examples("train", N_TRAIN), "validation":
+              self._examples("val", N_EVAL)}
+
+    def _examples(self, split, n):
+      for i in range(n):
+        h, w = rng.integers(40, 90, size=2)
+        name = f"{split}_{i}.JPEG"
+        yield name, {"image": io.BytesIO(_jpeg(rng, h, w)), "label": (7 * i) % 1000,
+                     "file_name": name}
+
+  SmallImagenet(data_dir=str(root), file_format="array_record").download_and_prepare(
+      download_config=tfds.download.DownloadConfig(manual_dir=str(root / "manual")))
+  return str(root)
+
+
+def _cfg(data_dir, **kw):
+  return helpers.tiny_resnet(dataset="imagenet", data_dir=data_dir, image_size=32,
+                             num_classes=1000, global_batch_size=16, eval_batch_size=8, **kw)
+
+
+def test_reads_train_and_validation_without_tensorflow(imagenet_dir):
+  d = data_lib.make(_cfg(imagenet_dir))
+  assert (d.num_train, d.num_eval, d.steps_per_epoch) == (N_TRAIN, N_EVAL, N_TRAIN // 16)
+  batches = list(d.train(0))
+  assert len(batches) == d.steps_per_epoch
+  b = batches[0]
+  assert b["image"].shape == (16, 32, 32, 3) and b["image"].dtype == np.float32
+  assert b["label"].dtype == np.int32 and set(b["label"]) <= {(7 * i) % 1000 for i in range(70)}
+  assert abs(float(b["image"].mean())) < 3   # normalized
+  # Shuffled differently per epoch.
+  assert not np.array_equal(np.concatenate([x["label"] for x in d.train(0)]),
+                            np.concatenate([x["label"] for x in d.train(1)]))
+  ev = list(d.eval())
+  assert len(ev) == d.eval_steps == 3
+  assert sum(float(e["mask"].sum()) for e in ev) == N_EVAL
+  assert "tensorflow" not in sys.modules
+
+
+def test_each_process_reads_its_own_shard(imagenet_dir):
+  """Two processes' eval shards are disjoint and cover the validation set exactly once."""
+  labels = []
+  for pi in range(2):
+    d = data_lib.make(_cfg(imagenet_dir), process_index=pi, process_count=2)
+    got = [e["label"][e["mask"] > 0] for e in d.eval()]
+    assert len(got) == d.eval_steps
+    labels.append(np.concatenate(got))
+  assert sorted(np.concatenate(labels).tolist()) == sorted((7 * i) % 1000 for i in range(N_EVAL))
+  t0 = next(data_lib.make(_cfg(imagenet_dir), 0, 2).train(0))["label"]
+  t1 = next(data_lib.make(_cfg(imagenet_dir), 1, 2).train(0))["label"]
+  assert len(t0) == len(t1) == 8 and not set(t0.tolist()) & set(t1.tolist())
+
+
+def test_trains_an_epoch_on_it(imagenet_dir, tmp_path):
+  s = train.run(_cfg(imagenet_dir, max_epochs=1), suite.build,
+                train.RunOptions(output_dir=str(tmp_path), quiet=True))
+  assert s["dataset"] == "imagenet2012" and s["steps"] == N_TRAIN // 16
+  assert s["evals"][0]["epoch"] == 1 and 0 <= s["final_quality"] <= 1
+
+
+def test_missing_or_wrong_dataset_is_a_clear_error(tmp_path):
+  with pytest.raises(UserError, match="no imagenet2012 in --data_dir"):
+    data_lib.make(_cfg(str(tmp_path)))
+  with pytest.raises(UserError, match="needs --data_dir"):
+    data_lib.make(_cfg(""))
+
+
+def test_inception_crop_and_center_crop_shapes():
+  rng = np.random.default_rng(0)
+  img = rng.integers(0, 256, (50, 80, 3), dtype=np.uint8)
+  assert data_lib.inception_crop(img, 24, rng).shape == (24, 24, 3)
+  assert data_lib.center_crop(img, 24).shape == (24, 24, 3)
+  gray = rng.integers(0, 256, (50, 80), dtype=np.uint8)
+  assert data_lib.center_crop(gray, 24).shape == (24, 24, 3)
+  # The centre crop of a constant image stays constant; of a gradient, keeps its centre.
+  ramp = np.tile(np.arange(80, dtype=np.uint8)[None, :, None], (80, 1, 3))
+  c = data_lib.center_crop(ramp, 35)   # 80 -> 40 -> central 35
+  assert abs(float(c[:, 17].mean()) - 39.5) < 2

@@ -1,0 +1,92 @@
+"""ResNet end to end: the CPU default run, a closed-division run, and the real checker."""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+from benchmarks import train
+from benchmarks.resnet import suite
+from benchmarks.resnet.config import PRESETS
+from logs import compliance
+from tests import helpers
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_cpu_default_reaches_target_and_passes_checker(tmp_path):
+  """Exactly what `./run.sh resnet` runs (the cpu preset), in a fresh process."""
+  env = dict(os.environ)
+  env.pop("XLA_FLAGS", None)
+  p = subprocess.run([sys.executable, "-m", "benchmarks.main", "resnet",
+                      f"--output_dir={tmp_path}", "--progress_every_s=1000"], cwd=ROOT, env=env,
+                     capture_output=True, text=True, timeout=900, check=False)
+  assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+  summary = json.loads((tmp_path / "summary.json").read_text())
+  assert summary["status"] == "success"
+  assert summary["final_quality"] >= PRESETS["cpu"].target_accuracy
+  assert summary["devices"] == 8 and summary["mesh"] == {"data": 8}
+  for key in ("time_to_train_s", "median_step_s", "examples_per_s", "compile_s",
+              "flops_per_device_per_step"):
+    assert summary[key] > 0, key
+  assert summary["memory_per_device_bytes"]["total_bytes"] > 0
+  assert summary["collectives_per_step"]["all-reduce"]["bytes"] > 0   # gradient summation
+  results = compliance.check_path(str(tmp_path))
+  assert {r.ruleset for r in results} == {"0.7.0", "1.0.0"}
+  for r in results:
+    assert r.ok, (r.ruleset, r.messages)
+  # ./run.sh check on the same folder agrees.
+  p = subprocess.run([os.path.join(ROOT, "run.sh"), "check", str(tmp_path)], capture_output=True,
+                     text=True, check=False)
+  assert p.returncode == 0 and "2 passed, 0 failed" in p.stdout, p.stdout + p.stderr
+
+
+def _closed_run(tmp_path, **kw):
+  cfg = helpers.tiny_resnet(max_epochs=1, **kw)
+  opts = train.RunOptions(output_dir=str(tmp_path), division="closed", quiet=True)
+  summary = train.run(cfg, suite.build, opts)
+  assert summary["status"] == "aborted"      # one epoch of a tiny model cannot reach 0.98
+  return compliance.check_path(str(tmp_path))
+
+
+TARGET_MISS = "Failed checks for eval_accuracy : v['value'] >= 0.7590 and v['value'] < 1.0"
+
+
+def test_closed_lars_log_meets_every_closed_rule_but_the_target(tmp_path):
+  results = _closed_run(tmp_path)
+  assert {r.ruleset for r in results} == {"0.7.0", "1.0.0"}
+  for r in results:
+    assert not r.ok and list(r.messages) == [TARGET_MISS], (r.ruleset, r.messages)
+
+
+def test_closed_sgd_log_meets_every_closed_rule_but_the_target(tmp_path):
+  results = _closed_run(tmp_path, optimizer="sgd", base_learning_rate=0.256)
+  for r in results:
+    assert not r.ok and list(r.messages) == [TARGET_MISS], (r.ruleset, r.messages)
+
+
+def test_checker_catches_a_broken_closed_log(tmp_path):
+  """The checker really checks: a wrong LARS end learning rate fails the closed rules."""
+  cfg = dataclasses.replace(helpers.tiny_resnet(max_epochs=1), end_learning_rate=1e-3)
+  train.run(cfg, suite.build, train.RunOptions(output_dir=str(tmp_path), division="closed",
+                                               quiet=True))
+  for r in compliance.check_path(str(tmp_path)):
+    assert any("lars_opt_end_learning_rate" in m for m in r.messages), r.messages
+
+
+def test_resume_from_checkpoint_continues_the_same_run(tmp_path):
+  """1 epoch + checkpoint + resume for epoch 2 == 2 uninterrupted epochs."""
+  cfg = helpers.tiny_resnet(max_epochs=1)
+  first = train.run(cfg, suite.build, train.RunOptions(output_dir=str(tmp_path / "a"),
+                                                       quiet=True, checkpoint_every=1))
+  assert first["epochs"] == 1 and os.path.isdir(tmp_path / "a" / "checkpoints" / "1")
+  cfg2 = dataclasses.replace(cfg, max_epochs=2)
+  resumed = train.run(cfg2, suite.build, train.RunOptions(output_dir=str(tmp_path / "a"),
+                                                          quiet=True, resume=True))
+  straight = train.run(cfg2, suite.build, train.RunOptions(output_dir=str(tmp_path / "b"),
+                                                           quiet=True))
+  assert resumed["epochs"] == 2 and [e["epoch"] for e in resumed["evals"]] == [2]
+  assert resumed["steps"] == straight["steps"] // 2
+  assert resumed["evals"][0]["train_loss"] == straight["evals"][1]["train_loss"]
+  assert resumed["final_quality"] == straight["final_quality"]

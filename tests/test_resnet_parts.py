@@ -1,0 +1,75 @@
+"""ResNet pieces against independent numpy references: batch-norm span, LR schedule, eval
+padding, digits sharding."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+
+from benchmarks.data import array_batches, num_steps, padded
+from benchmarks.resnet import data as data_lib
+from benchmarks.resnet.config import PRESETS
+from benchmarks.resnet.model import BatchNorm
+from benchmarks.resnet.suite import schedule
+
+
+@pytest.mark.parametrize("span", [None, 2, 4])
+def test_batch_norm_groups_of_span_examples(span):
+  x = np.random.default_rng(0).standard_normal((8, 3, 3, 5)).astype(np.float32) * 3 + 1
+  bn = BatchNorm(span=span)
+  variables = nn.meta.unbox(bn.init(jax.random.PRNGKey(0), x, train=False))
+  y, updated = bn.apply(variables, x, train=True, mutable=["batch_stats"])
+  updated = nn.meta.unbox(updated)
+  g = x.reshape(8 // (span or 8), span or 8, 3, 3, 5)
+  mean = g.mean(axis=(1, 2, 3), keepdims=True)
+  var = g.var(axis=(1, 2, 3), keepdims=True)
+  ref = ((g - mean) / np.sqrt(var + 1e-5)).reshape(x.shape)
+  np.testing.assert_allclose(np.asarray(y), ref, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(updated["batch_stats"]["mean"],
+                             0.1 * mean.reshape(-1, 5).mean(0), rtol=1e-5, atol=1e-7)
+
+
+def test_lars_schedule_warmup_then_poly2_decay():
+  cfg = dataclasses.replace(PRESETS["tpu-v3-2048"], warmup_epochs=2, schedule_epochs=10)
+  lr, warmup, decay = schedule(cfg, steps_per_epoch=100)
+  assert (warmup, decay) == (200, 800)
+  np.testing.assert_allclose(float(lr(199)), 31.2, rtol=1e-6)       # end of warmup
+  np.testing.assert_allclose(float(lr(99)), 31.2 * 100 / 200, rtol=1e-6)
+  mid = 1e-4 + (31.2 - 1e-4) * (1 - 400 / 800) ** 2                  # poly power 2
+  np.testing.assert_allclose(float(lr(600)), mid, rtol=1e-5)
+  np.testing.assert_allclose(float(lr(1000)), 1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("processes", [1, 2, 4])
+def test_eval_padding_counts_every_example_once(processes):
+  n, local = 359, 16
+  steps = num_steps(n, local * processes)
+  seen = []
+  for pi in range(processes):
+    mine = np.arange(pi, n, processes)
+    arrays = {"label": mine}
+    batches = list(padded(array_batches(arrays, local), local, steps, arrays))
+    assert len(batches) == steps
+    assert all(b["label"].shape == (local,) for b in batches)
+    seen += [int(v) for b in batches for v, m in zip(b["label"], b["mask"]) if m]
+  assert sorted(seen) == list(range(n))
+
+
+def test_digits_processes_share_each_global_batch():
+  cfg = dataclasses.replace(PRESETS["cpu"], global_batch_size=32)
+  full = next(data_lib.make(cfg).train(3))
+  halves = [next(data_lib.make(cfg, pi, 2).train(3)) for pi in range(2)]
+  np.testing.assert_array_equal(np.concatenate([h["label"] for h in halves]), full["label"])
+  assert full["image"].shape == (32, 32, 32, 3)
+
+
+def test_weight_decay_and_lars_skip_batch_norm_and_biases():
+  from benchmarks.resnet.suite import _is_kernel
+  params = {"Conv_0": {"kernel": jnp.ones(2)}, "BatchNorm_0": {"scale": 1.0, "bias": 0.0},
+            "Dense_0": {"kernel": jnp.ones(2), "bias": jnp.ones(2)}}
+  mask = _is_kernel(params)
+  assert mask == {"Conv_0": {"kernel": True}, "BatchNorm_0": {"scale": False, "bias": False},
+                  "Dense_0": {"kernel": True, "bias": False}}
