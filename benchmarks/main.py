@@ -80,7 +80,10 @@ def main(argv: list[str]) -> int:
 
   # Devices first: simulated CPU devices must be set before jax starts.
   from mesh import devices  # pylint: disable=import-outside-toplevel
-  from mesh.spec import parse_layout, parse_mesh  # pylint: disable=import-outside-toplevel
+  from mesh.spec import (  # pylint: disable=import-outside-toplevel
+    parse_layout,
+    parse_mesh,
+  )
   parse_mesh(cfg.mesh), parse_layout(cfg.layout)   # malformed strings fail before jax starts
   devices.use_cpu_devices(cfg.num_cpu_devices)
   devices.maybe_initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes,

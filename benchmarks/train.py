@@ -15,17 +15,16 @@ import time
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
-import numpy as np
-import optax
-from flax import linen as nn
 
+import optimizations
+from benchmarks.step import compile_program, evaluate, global_batch
 from benchmarks.task import Task
 from logs.mlperf import C, MLPerfLog
-from mesh import cost, devices
+from mesh import devices
 from mesh.errors import UserError
-from mesh.sharding import Sharder, follow_params, names_of, use
+from mesh.sharding import Sharder
 from mesh.spec import parse_layout, parse_mesh
+from optimizations import Plan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,12 +57,14 @@ def check_output(opts: RunOptions) -> None:
                     f"--resume to continue that run, or --overwrite to replace it")
 
 
-def build_sharder(cfg) -> Sharder:
-  mesh_spec = parse_mesh(cfg.mesh)
+def build_sharder(cfg) -> tuple[Sharder, Plan]:
+  """The device mesh and layout of a config, after its optimizations adjusted the plan."""
+  mesh_spec = parse_mesh(cfg.mesh).resolve(len(jax.devices()))
   layout = parse_layout(cfg.layout)
-  mesh_spec = mesh_spec.resolve(len(jax.devices()))
   layout.check_against(mesh_spec)
-  return Sharder(devices.make_mesh(mesh_spec), layout)
+  plan = optimizations.plan(cfg.optimizations, layout, mesh_spec)
+  plan.layout.check_against(mesh_spec)
+  return Sharder(devices.make_mesh(mesh_spec), plan.layout), plan
 
 
 def _fmt_time(s: float) -> str:
@@ -88,101 +89,7 @@ class _Progress:
           f"{self.batch / recent:9.1f} examples/s  {extra}  ETA {_fmt_time(eta)}", flush=True)
 
 
-def global_batch(batch: dict[str, np.ndarray], shardings: dict[str, Any]) -> dict[str, jax.Array]:
-  return {k: jax.make_array_from_process_local_data(shardings[k], v) for k, v in batch.items()}
-
-
-def _shape_of(batch: dict[str, np.ndarray], process_count: int, shardings) -> dict:
-  return {k: jax.ShapeDtypeStruct((v.shape[0] * process_count,) + v.shape[1:], v.dtype,
-                                  sharding=shardings[k]) for k, v in batch.items()}
-
-
-@dataclasses.dataclass(frozen=True)
-class Program:
-  """A benchmark's compiled training and evaluation steps and their shardings and costs."""
-  sharder: Sharder
-  state_shardings: Any
-  state_shapes: Any
-  batch_shardings: dict[str, Any]
-  train: Any                 # compiled: (state, batch) -> (state, metrics)
-  eval: Any                  # compiled: (params, model_state, batch) -> stats
-  compile_s: float
-  step_cost: dict[str, Any]
-  eval_cost: dict[str, Any]
-
-
-def compile_program(task: Task, sharder: Sharder, seed: int, train_example: dict,
-                    eval_example: dict, process_count: int = 1) -> tuple[Program, Any]:
-  """Shards the state by dimension names, initializes it and compiles the steps (AOT).
-
-  `train_example`/`eval_example` are local batches that fix shapes. Returns the program and the
-  initial state: {"step", "rng", "params", "model_state", "opt_state"}.
-  """
-  tx = task.optimizer
-  init_rng, train_rng = jax.random.split(jax.random.PRNGKey(seed))
-  boxed = jax.eval_shape(task.init, init_rng)
-  names, shapes = names_of(boxed), nn.meta.unbox(boxed)
-  var_shardings = sharder.tree(names, shapes)
-  repl = sharder.replicated()
-  param_shapes, param_shardings = shapes["params"], var_shardings["params"]
-  opt_shapes = jax.eval_shape(tx.init, param_shapes)
-  state_shardings = {
-      "step": repl, "rng": repl, "params": param_shardings,
-      "model_state": {k: v for k, v in var_shardings.items() if k != "params"},
-      "opt_state": follow_params(opt_shapes, param_shapes, param_shardings, repl)}
-
-  def init_state(r):
-    variables = nn.meta.unbox(task.init(r))
-    params = variables.pop("params")
-    return {"step": jnp.zeros((), jnp.int32), "rng": train_rng, "params": params,
-            "model_state": variables, "opt_state": tx.init(params)}
-
-  def train_step(state, batch):
-    rng_step = jax.random.fold_in(state["rng"], state["step"])
-    grad_fn = jax.value_and_grad(task.loss, has_aux=True)
-    (loss, (model_state, metrics)), grads = grad_fn(state["params"], state["model_state"],
-                                                    batch, rng_step)
-    updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-    params = optax.apply_updates(state["params"], updates)
-    metrics = {"loss": loss, **metrics, "lr": task.learning_rate(state["step"])}
-    return {"step": state["step"] + 1, "rng": state["rng"], "params": params,
-            "model_state": model_state, "opt_state": opt_state}, metrics
-
-  batch_shardings = {k: sharder.named(v) for k, v in task.data.names.items()}
-  for example in (train_example, eval_example):   # clear errors before jit's own
-    for k, v in example.items():
-      sharder.spec(task.data.names[k], (v.shape[0] * process_count,) + v.shape[1:],
-                   what=f"input '{k}'")
-  t0 = time.time()
-  with use(sharder):
-    state = jax.jit(init_state, out_shardings=state_shardings)(init_rng)
-    state_shapes = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
-    train_c = jax.jit(
-        train_step, in_shardings=(state_shardings, {k: batch_shardings[k] for k in train_example}),
-        out_shardings=(state_shardings, repl), donate_argnums=0).lower(
-            state_shapes, _shape_of(train_example, process_count, batch_shardings)).compile()
-    eval_c = jax.jit(task.eval_stats, out_shardings=repl).lower(
-        state_shapes["params"], state_shapes["model_state"],
-        _shape_of(eval_example, process_count, batch_shardings)).compile()
-  compile_s = time.time() - t0
-  return Program(sharder, state_shardings, state_shapes, batch_shardings, train_c, eval_c,
-                 compile_s, cost.analyze(train_c), cost.analyze(eval_c)), state
-
-
-def evaluate(program: Program, state, batches) -> dict[str, float]:
-  """Sums the eval statistics over all (local) batches."""
-  totals: dict[str, float] = {}
-  for local in batches:
-    stats = jax.device_get(program.eval(state["params"], state["model_state"],
-                                        global_batch(local, program.batch_shardings)))
-    for k, v in stats.items():
-      totals[k] = totals.get(k, 0.0) + float(v)
-  return totals
-
-
-def run(cfg, build: Callable[..., Task], opts: RunOptions, sharder: Sharder | None = None
-        ) -> dict[str, Any]:
+def run(cfg, build: Callable[..., Task], opts: RunOptions) -> dict[str, Any]:
   """Trains `cfg` with the suite's `build` and returns the summary (also in summary.json)."""
   wall_start = time.time()
   pi, pc = jax.process_index(), jax.process_count()
@@ -193,7 +100,7 @@ def run(cfg, build: Callable[..., Task], opts: RunOptions, sharder: Sharder | No
   say = (lambda *a: print(*a, flush=True)) if writer and not opts.quiet else (lambda *a: None)
 
   try:
-    sharder = sharder or build_sharder(cfg)
+    sharder, plan = build_sharder(cfg)
     mesh = sharder.mesh
     replicas = sharder.batch_size_divisor("batch")
     for what, size in (("--global_batch_size", cfg.global_batch_size),
@@ -215,10 +122,11 @@ def run(cfg, build: Callable[..., Task], opts: RunOptions, sharder: Sharder | No
     say(f"{task.benchmark}: mesh {dict(mesh.shape)} layout '{sharder.layout}' on "
         f"{len(jax.devices())} {jax.devices()[0].platform} device(s), {pc} process(es); "
         f"{data.name}: {data.num_train} train / {data.num_eval} eval examples, "
-        f"{data.steps_per_epoch} steps/epoch")
+        f"{data.steps_per_epoch} steps/epoch; optimizations: "
+        f"{', '.join(plan.enabled) or 'none'}")
 
     program, state = compile_program(task, sharder, cfg.seed, next(iter(data.train(0))),
-                                      next(iter(data.eval())), pc)
+                                      next(iter(data.eval())), pc, plan)
   except UserError:
     log.close()   # bad input: leave no half-written log behind
     if writer and not opts.resume:
@@ -307,7 +215,12 @@ def run(cfg, build: Callable[..., Task], opts: RunOptions, sharder: Sharder | No
         "config": dataclasses.asdict(cfg),
         "mesh": {k: int(v) for k, v in mesh.shape.items()},
         "layout": str(sharder.layout),
-        "optimizations": [o for o in cfg.optimizations.split(",") if o and o != "none"],
+        "optimizations": list(plan.enabled),
+        "plan": {"layout": str(plan.layout), "batch_axes": list(plan.batch_axes),
+                 "gradient_sum": ("gspmd all-reduce" if plan.reduction is None else
+                                  " then ".join("+".join(p) for p in plan.reduction.phases)),
+                 "weight_update_sharding": plan.shard_update,
+                 "eval": "distributed" if plan.distributed_eval else "single device"},
         "devices": len(jax.devices()), "platform": jax.devices()[0].platform,
         "processes": pc,
         "dataset": data.name,

@@ -9,8 +9,8 @@ import logging
 import os
 from typing import Any
 
-from mlperf_logging.mllog.mllog import MLLogger
 from mlperf_logging.mllog import constants as C
+from mlperf_logging.mllog.mllog import MLLogger
 
 __all__ = ["MLPerfLog", "C"]
 

@@ -109,18 +109,66 @@ def current() -> Sharder | None:
   return _CURRENT.get()
 
 
+# Spatial dimensions are split only when every device gets at least this many rows. XLA's CPU
+# SPMD partitioner computes wrong convolution gradients, or aborts, for halo exchanges on
+# thinner shards (measured with jax 0.10.2: 2 rows per device of a 3x3 stride-2 conv, a 7x7
+# kernel on 2 rows); at 4 rows per device every case of kernel 1/3/7, stride 1/2 and 2/4/8
+# devices matched an unsplit run. Smaller maps (SSD's 3x3 and 1x1) stay whole on each device.
+SPATIAL_DIMS = ("height", "width")
+MIN_SPATIAL_ROWS = 4
+
+
+def _small_map_guard(entry, name, size, sharder: Sharder):
+  if entry is None or name not in SPATIAL_DIMS:
+    return entry
+  axes = (entry,) if isinstance(entry, str) else tuple(entry)
+  return entry if -(-size // sharder.axis_size(axes)) >= MIN_SPATIAL_ROWS else None
+
+
+# Mesh axes that are manual (inside a shard_map over the data-parallel axes) while tracing.
+_MANUAL: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("manual", default=())
+
+
+@contextlib.contextmanager
+def manual(axes: Sequence[str]):
+  """Marks `axes` as manual (shard_map) while a model is traced inside it."""
+  token = _MANUAL.set(tuple(axes))
+  try:
+    yield
+  finally:
+    _MANUAL.reset(token)
+
+
+def manual_axes() -> tuple[str, ...]:
+  return _MANUAL.get()
+
+
 def constrain(x: jax.Array, names: Names) -> jax.Array:
   """Shards an activation by its dimension names (no-op outside `use`).
 
   Inside jit, dimensions that do not divide the mesh axes are padded by XLA, so activations may
-  have any size (SSD's 38x38 maps on 4 devices).
+  have any size (SSD's 38x38 maps on 4 devices). Inside a shard_map over some axes, those axes
+  are dropped and the rest constrain the local block.
   """
   sharder = _CURRENT.get()
   if sharder is None:
     return x
   if len(names) != x.ndim:
     raise ValueError(f"constrain: {len(names)} names for a rank-{x.ndim} array")
-  return jax.lax.with_sharding_constraint(x, sharder.named(names, what="activation"))
+  spec = sharder.spec(names, what="activation")
+  spec = PartitionSpec(*(_small_map_guard(e, n, d, sharder) for e, n, d in
+                         zip(spec, names, x.shape)))
+  skip = _MANUAL.get()
+  if not skip:
+    return jax.lax.with_sharding_constraint(x, NamedSharding(sharder.mesh, spec))
+  entries = []
+  for e in spec:
+    axes = tuple(a for a in ((e,) if isinstance(e, str) else (e or ())) if a not in skip)
+    entries.append(None if not axes else axes[0] if len(axes) == 1 else axes)
+  if all(e is None for e in entries):
+    return x
+  return jax.lax.with_sharding_constraint(
+      x, NamedSharding(jax.sharding.get_abstract_mesh(), PartitionSpec(*entries)))
 
 
 def follow_params(tree: Any, params: Any, param_shardings: Any, default: NamedSharding) -> Any:

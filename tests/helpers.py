@@ -7,7 +7,7 @@ import numpy as np
 import optax
 from flax import linen as nn
 
-from benchmarks import train
+from benchmarks import step as step_lib
 from benchmarks.resnet import suite
 from benchmarks.resnet.config import PRESETS
 from mesh import devices
@@ -54,11 +54,11 @@ def single_device_baseline(task, seed: int, batches):
 
 def sharded_run(task, shd: Sharder, seed: int, batches):
   """The harness's own compiled, sharded steps. Returns (losses, params, program)."""
-  program, state = train.compile_program(task, shd, seed, batches[0],
+  program, state = step_lib.compile_program(task, shd, seed, batches[0],
                                          next(iter(task.data.eval())))
   losses = []
   for b in batches:
-    state, metrics = program.train(state, train.global_batch(b, program.batch_shardings))
+    state, metrics = program.train(state, step_lib.global_batch(b, program.batch_shardings))
     losses.append(float(metrics["loss"]))
   return np.array(losses), jax.device_get(state["params"]), program
 

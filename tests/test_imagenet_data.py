@@ -1,7 +1,6 @@
 """ImageNet in the tensorflow-datasets format (ArrayRecord), from a folder the test builds with
 the real `imagenet2012` builder's features and writer, read without TensorFlow."""
 
-import dataclasses
 import io
 import sys
 

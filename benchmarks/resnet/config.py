@@ -43,13 +43,16 @@ PRESETS = {
     # one per stage): reaches its own 0.98 target in 7-8 epochs (under a minute on 2 cores).
     "cpu": Config(
         num_cpu_devices=8, mesh="data:-1", layout="batch:data", dataset="digits",
+        optimizations="distributed_eval",
         image_size=32, num_classes=10, model_depth=14, model_width=16, global_batch_size=64,
         eval_batch_size=128, max_epochs=40, eval_every=1, optimizer="lars",
         base_learning_rate=2.0, warmup_epochs=2.0, schedule_epochs=40.0, weight_decay=1e-4,
         target_accuracy=0.98),
-    # MLPerf v0.6 on a full TPU-v3 pod (1024 chips, 2048 cores): REFERENCE.md.
+    # MLPerf v0.6 on a full TPU-v3 pod (1024 chips, 2048 cores): REFERENCE.md. The replicas
+    # span a 64 x 32 mesh so gradients are summed in two phases.
     "tpu-v3-2048": Config(
-        num_cpu_devices=0, mesh="data:-1", layout="batch:data", dataset="imagenet",
+        num_cpu_devices=0, mesh="x:64,y:32", layout="batch:x+y", dataset="imagenet",
+        optimizations="grad_sum_2d,weight_update_sharding,distributed_eval",
         image_size=224, num_classes=1000, model_depth=50, model_width=64, dtype="bfloat16",
         global_batch_size=32768, max_epochs=72, eval_every=4, optimizer="lars",
         base_learning_rate=31.2, warmup_epochs=25.0, schedule_epochs=72.0, weight_decay=1e-4,

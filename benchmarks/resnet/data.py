@@ -36,7 +36,9 @@ def make(cfg, process_index: int = 0, process_count: int = 1) -> Data:
 
 def load_digits(image_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
   """(train_x, train_y, eval_x, eval_y): a fixed 80/20 split, images upsampled to image_size."""
-  from sklearn.datasets import load_digits as sk_digits  # pylint: disable=import-outside-toplevel
+  from sklearn.datasets import (
+    load_digits as sk_digits,  # pylint: disable=import-outside-toplevel
+  )
   d = sk_digits()
   images = (d.images / 16.0 * 255).astype(np.uint8)
   resized = np.stack([np.asarray(Image.fromarray(im).resize((image_size, image_size),

@@ -14,6 +14,8 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from mesh import constrain
+from mesh.collectives import group_mean
+from mesh.sharding import manual_axes
 
 ACT = ("batch", "height", "width", "channels")
 STAGES = {  # depth -> (blocks per stage, bottleneck)
@@ -55,14 +57,29 @@ class BatchNorm(nn.Module):
     var_v = self.variable("batch_stats", "var", _named(jnp.ones, ("channels",)), (c,), f)
     if train:
       b = x.shape[0]
-      span = self.span or b
-      if b % span:
-        raise ValueError(f"batch {b} is not a multiple of bn span {span}")
-      g = x.astype(f).reshape((b // span, span) + x.shape[1:])
-      axes = tuple(range(1, g.ndim - 1))
-      mean = jnp.mean(g, axes, keepdims=True)
-      var = jnp.mean(jnp.square(g - mean), axes, keepdims=True)
-      y = ((g - mean) * jax.lax.rsqrt(var + self.epsilon)).reshape(x.shape)
+      manual = manual_axes()
+      if manual and (self.span is None or self.span > b):
+        # Inside shard_map over the data-parallel axes with a span wider than this replica's
+        # batch: statistics over a group of replicas (distributed batch norm).
+        replicas = jax.lax.axis_size(manual)
+        k = replicas if self.span is None else self.span // b
+        if self.span is not None and self.span % b:
+          raise ValueError(f"bn span {self.span} is not a multiple of the per-replica batch {b}")
+        red = tuple(range(x.ndim - 1))
+        xf = x.astype(f)
+        mean = group_mean(jnp.mean(xf, red), manual, k)
+        var = group_mean(jnp.mean(jnp.square(xf - mean), red), manual, k)
+        y = (xf - mean) * jax.lax.rsqrt(var + self.epsilon)
+        mean, var = mean[None], var[None]
+      else:
+        span = self.span or b
+        if b % span:
+          raise ValueError(f"batch {b} is not a multiple of bn span {span}")
+        g = x.astype(f).reshape((b // span, span) + x.shape[1:])
+        axes = tuple(range(1, g.ndim - 1))
+        mean = jnp.mean(g, axes, keepdims=True)
+        var = jnp.mean(jnp.square(g - mean), axes, keepdims=True)
+        y = ((g - mean) * jax.lax.rsqrt(var + self.epsilon)).reshape(x.shape)
       if not self.is_initializing():
         m = self.momentum
         mean_v.value = m * mean_v.value + (1 - m) * jnp.mean(mean.reshape(-1, c), axis=0)

@@ -1,0 +1,205 @@
+"""The compiled training and evaluation steps, built from a task and an optimization plan.
+
+The state is sharded by dimension names. Gradients are summed either by GSPMD (an implicit
+all-reduce) or, when a plan asks for explicit collectives (2-D summation, weight-update
+sharding), inside a `jax.shard_map` over the data-parallel axes: each replica computes its
+local gradients and the plan's `Reduction` sums them as one bucket.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import linen as nn
+from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
+
+from benchmarks.task import Task
+from mesh import collectives as coll
+from mesh import cost
+from mesh.sharding import Sharder, follow_params, manual, names_of, use
+from optimizations import Plan
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+  """A benchmark's compiled training and evaluation steps and their shardings and costs."""
+  sharder: Sharder
+  plan: Plan
+  state_shardings: Any
+  state_shapes: Any
+  batch_shardings: dict[str, Any]
+  train: Any                 # compiled: (state, batch) -> (state, metrics)
+  eval: Any                  # compiled: (params, model_state, batch) -> stats
+  eval_device: Any           # None: distributed; else the one device eval runs on
+  compile_s: float
+  step_cost: dict[str, Any]
+  eval_cost: dict[str, Any]
+
+
+def default_plan(sharder: Sharder) -> Plan:
+  axes = tuple(a for a in sharder.layout.axes_for("batch") if a in sharder.mesh.shape)
+  return Plan(layout=sharder.layout, batch_axes=axes, distributed_eval=True)
+
+
+def global_batch(batch: dict[str, np.ndarray], shardings: dict[str, Any]) -> dict[str, jax.Array]:
+  return {k: jax.make_array_from_process_local_data(shardings[k], v) for k, v in batch.items()}
+
+
+def _shape_of(batch: dict[str, np.ndarray], process_count: int, shardings) -> dict:
+  return {k: jax.ShapeDtypeStruct((v.shape[0] * process_count,) + v.shape[1:], v.dtype,
+                                  sharding=shardings[k]) for k, v in batch.items()}
+
+
+def _rows_sharding(sharder: Sharder, axes: tuple[str, ...]) -> NamedSharding:
+  return NamedSharding(sharder.mesh, PartitionSpec(axes if len(axes) > 1 else axes[0], None))
+
+
+def compile_program(task: Task, sharder: Sharder, seed: int, train_example: dict,
+                    eval_example: dict, process_count: int = 1, plan: Plan | None = None
+                    ) -> tuple[Program, Any]:
+  """Shards the state by dimension names, initializes it and compiles the steps (AOT).
+
+  `train_example`/`eval_example` are local batches that fix shapes. Returns the program and the
+  initial state: {"step", "rng", "params", "model_state", "opt_state"}.
+  """
+  plan = plan or default_plan(sharder)
+  tx = task.optimizer
+  init_rng, train_rng = jax.random.split(jax.random.PRNGKey(seed))
+  boxed = jax.eval_shape(task.init, init_rng)
+  names, shapes = names_of(boxed), nn.meta.unbox(boxed)
+  var_shardings = sharder.tree(names, shapes)
+  repl = sharder.replicated()
+  param_shapes, param_shardings = shapes["params"], var_shardings["params"]
+  axes = plan.batch_axes
+  n = plan.reduction.replicas if plan.reduction else 1
+  if plan.shard_update:
+    # The optimizer sees every parameter as (n, m) rows, row i on replica i.
+    row_shapes = jax.eval_shape(lambda p: coll.to_rows(p, n), param_shapes)
+    row_sh = jax.tree.map(lambda _: _rows_sharding(sharder, axes), row_shapes)
+    opt_shapes = jax.eval_shape(tx.init, row_shapes)
+    opt_shardings = follow_params(opt_shapes, row_shapes, row_sh, repl)
+  else:
+    opt_shapes = jax.eval_shape(tx.init, param_shapes)
+    opt_shardings = follow_params(opt_shapes, param_shapes, param_shardings, repl)
+  state_shardings = {
+      "step": repl, "rng": repl, "params": param_shardings,
+      "model_state": {k: v for k, v in var_shardings.items() if k != "params"},
+      "opt_state": opt_shardings}
+
+  def init_state(r):
+    variables = nn.meta.unbox(task.init(r))
+    params = variables.pop("params")
+    opt_params = coll.to_rows(params, n) if plan.shard_update else params
+    return {"step": jnp.zeros((), jnp.int32), "rng": train_rng, "params": params,
+            "model_state": variables, "opt_state": tx.init(opt_params)}
+
+  grad_fn = jax.value_and_grad(task.loss, has_aux=True)
+  batch_spec = PartitionSpec(axes if len(axes) > 1 else (axes[0] if axes else None))
+
+  def manual_grads(params, model_state, batch, rng):
+    """Local gradients on each replica's batch, summed by the plan's explicit collectives."""
+    def local(params, model_state, batch, rng):
+      with manual(axes):
+        (loss, (model_state, metrics)), grads = grad_fn(params, model_state, batch, rng)
+      loss, model_state, metrics = jax.lax.pmean((loss, model_state, metrics), axes)
+      if plan.shard_update:
+        g = plan.reduction.reduce_scatter(coll.concat_rows(coll.to_rows(grads, n))) / n
+      else:
+        g = coll.unflatten(plan.reduction.all_reduce(coll.flatten(grads)) / n, grads)
+      return loss, model_state, metrics, g
+
+    out_g = PartitionSpec(batch_spec[0], None) if plan.shard_update else PartitionSpec()
+    batch_specs = {k: batch_spec for k in batch}
+    return jax.shard_map(local, mesh=sharder.mesh,
+                         in_specs=(PartitionSpec(), PartitionSpec(), batch_specs, PartitionSpec()),
+                         out_specs=(PartitionSpec(), PartitionSpec(), PartitionSpec(), out_g),
+                         axis_names=set(axes), check_vma=False)(params, model_state, batch, rng)
+
+  def train_step(state, batch):
+    rng_step = jax.random.fold_in(state["rng"], state["step"])
+    params = state["params"]
+    if plan.reduction is None:
+      (loss, (model_state, metrics)), grads = grad_fn(params, state["model_state"], batch,
+                                                      rng_step)
+    else:
+      loss, model_state, metrics, grads = manual_grads(params, state["model_state"], batch,
+                                                       rng_step)
+    if plan.shard_update:
+      rows_sh = _rows_sharding(sharder, axes)
+      p_rows = jax.tree.map(lambda r: jax.lax.with_sharding_constraint(r, rows_sh),
+                            coll.to_rows(params, n))            # each replica's slice: no copy
+      g_rows = coll.split_rows(grads, p_rows)
+      updates, opt_state = tx.update(g_rows, state["opt_state"], p_rows)
+      new_rows = optax.apply_updates(p_rows, updates)
+      params = jax.lax.with_sharding_constraint(coll.from_rows(new_rows, params),
+                                                param_shardings)  # all-gather
+    else:
+      updates, opt_state = tx.update(grads, state["opt_state"], params)
+      params = optax.apply_updates(params, updates)
+    metrics = {"loss": loss, **metrics, "lr": task.learning_rate(state["step"])}
+    return {"step": state["step"] + 1, "rng": state["rng"], "params": params,
+            "model_state": model_state, "opt_state": opt_state}, metrics
+
+  batch_shardings = {k: sharder.named(v) for k, v in task.data.names.items()}
+  for example in (train_example, eval_example):   # clear errors before jit's own
+    for k, v in example.items():
+      sharder.spec(task.data.names[k], (v.shape[0] * process_count,) + v.shape[1:],
+                   what=f"input '{k}'")
+  t0 = time.time()
+  with use(sharder):
+    state = jax.jit(init_state, out_shardings=state_shardings)(init_rng)
+    state_shapes = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
+    train_c = jax.jit(
+        train_step,
+        in_shardings=(state_shardings, {k: batch_shardings[k] for k in train_example}),
+        out_shardings=(state_shardings, repl), donate_argnums=0).lower(
+            state_shapes, _shape_of(train_example, process_count, batch_shardings)).compile()
+  eval_device = None
+  if plan.distributed_eval:
+    with use(sharder):
+      eval_c = jax.jit(task.eval_stats, out_shardings=repl).lower(
+          state_shapes["params"], state_shapes["model_state"],
+          _shape_of(eval_example, process_count, batch_shardings)).compile()
+  else:
+    eval_device = jax.local_devices()[0]
+    one = SingleDeviceSharding(eval_device)
+    on_one = lambda t: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                                   sharding=one), t)
+    eval_c = jax.jit(task.eval_stats).lower(
+        on_one(state_shapes["params"]), on_one(state_shapes["model_state"]),
+        on_one({k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in eval_example.items()})
+    ).compile()
+  compile_s = time.time() - t0
+  return Program(sharder, plan, state_shardings, state_shapes, batch_shardings, train_c, eval_c,
+                 eval_device, compile_s, cost.analyze(train_c), cost.analyze(eval_c)), state
+
+
+def evaluate(program: Program, state, batches) -> dict[str, float]:
+  """Sums the eval statistics over all batches (and, off-device, over processes)."""
+  totals: dict[str, float] = {}
+  if program.eval_device is None:
+    params, model_state = state["params"], state["model_state"]
+    put = lambda local: global_batch(local, program.batch_shardings)
+  else:   # copy the parameters to one device, as a separate eval job would load them
+    params, model_state = jax.device_put((state["params"], state["model_state"]),
+                                         program.eval_device)
+    put = lambda local: jax.device_put(local, program.eval_device)
+  for local in batches:
+    stats = jax.device_get(program.eval(params, model_state, put(local)))
+    for k, v in stats.items():
+      totals[k] = totals.get(k, 0.0) + float(v)
+  if program.eval_device is not None and jax.process_count() > 1:
+    from jax.experimental import (
+      multihost_utils,  # pylint: disable=import-outside-toplevel
+    )
+    keys = sorted(totals)
+    summed = multihost_utils.process_allgather(np.array([totals[k] for k in keys])).sum(0)
+    totals = dict(zip(keys, map(float, summed)))
+  return totals
