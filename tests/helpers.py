@@ -7,6 +7,7 @@ import numpy as np
 import optax
 from flax import linen as nn
 
+import optimizations
 from benchmarks import step as step_lib
 from benchmarks.resnet import suite
 from benchmarks.resnet.config import PRESETS
@@ -52,15 +53,22 @@ def single_device_baseline(task, seed: int, batches):
   return np.array(losses), jax.device_get(params)
 
 
-def sharded_run(task, shd: Sharder, seed: int, batches):
+def planned(mesh: str, layout: str, opts: str):
+  """(sharder, plan) for a mesh, layout and --optimizations string, as the loop builds them."""
+  spec = parse_mesh(mesh).resolve(len(jax.devices()))
+  plan = optimizations.plan(opts, parse_layout(layout), spec)
+  return Sharder(devices.make_mesh(spec), plan.layout), plan
+
+
+def sharded_run(task, shd: Sharder, seed: int, batches, plan=None):
   """The harness's own compiled, sharded steps. Returns (losses, params, program)."""
   program, state = step_lib.compile_program(task, shd, seed, batches[0],
-                                         next(iter(task.data.eval())))
+                                            next(iter(task.data.eval())), 1, plan)
   losses = []
   for b in batches:
     state, metrics = program.train(state, step_lib.global_batch(b, program.batch_shardings))
     losses.append(float(metrics["loss"]))
-  return np.array(losses), jax.device_get(state["params"]), program
+  return np.array(losses), jax.device_get(state["params"]), program, state
 
 
 def resnet_task(cfg, replicas=8):

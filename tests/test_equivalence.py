@@ -36,7 +36,7 @@ def x64():
 def test_layout_matches_single_device(x64, mesh, layout):
   cfg, task, batches, base_losses, base_params = x64
   with jax.enable_x64(True):
-    losses, params, program = helpers.sharded_run(task, helpers.sharder(mesh, layout), cfg.seed,
+    losses, params, program, _ = helpers.sharded_run(task, helpers.sharder(mesh, layout), cfg.seed,
                                                   batches)
   assert losses.dtype == np.float64 and jax.tree.leaves(params)[0].dtype == np.float64
   assert losses[0] > 1.0          # an untrained 10-class model
@@ -55,7 +55,7 @@ def test_float32_hybrid_loss_matches_single_device():
   task = helpers.resnet_task(cfg)
   batches = list(itertools.islice(task.data.train(0), 2))
   base_losses, _ = helpers.single_device_baseline(task, cfg.seed, batches)
-  losses, _, _ = helpers.sharded_run(task, helpers.sharder("data:4,model:2",
+  losses, _, _, _ = helpers.sharded_run(task, helpers.sharder("data:4,model:2",
                                                            "batch:data;channels:model"),
                                      cfg.seed, batches)
   np.testing.assert_allclose(losses, base_losses, rtol=2e-6)

@@ -1,0 +1,157 @@
+"""Optimizations are chosen by name, refused when they cannot apply, and visible in the compiled
+program and in summary.json (exactness: test_optimizations_exact.py)."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import optimizations
+from benchmarks import step as step_lib
+from benchmarks import train
+from benchmarks.resnet import suite
+from mesh import cost
+from mesh.errors import UserError
+from mesh.spec import parse_layout, parse_mesh
+from tests import helpers
+
+# --- choosing optimizations -------------------------------------------------------------------
+
+def _plan(opts, mesh="data:8", layout="batch:data"):
+  return optimizations.plan(opts, parse_layout(layout), parse_mesh(mesh).resolve(8))
+
+
+def test_names_none_and_registry():
+  assert set(optimizations.names()) == {"grad_sum_2d", "weight_update_sharding",
+                                        "spatial_partitioning", "distributed_eval"}
+  p = _plan("none")
+  assert p.enabled == () and p.reduction is None and not p.shard_update
+  p = _plan("distributed_eval, weight_update_sharding")
+  assert p.shard_update and p.distributed_eval and p.reduction.phases == (("data",),)
+
+
+@pytest.mark.parametrize("opts,mesh,layout,needle", [
+    ("fast_mode", "data:8", "batch:data", "unknown optimization 'fast_mode'"),
+    ("grad_sum_2d,grad_sum_2d", "x:4,y:2", "batch:x+y", "names an optimization twice"),
+    ("grad_sum_2d", "data:8", "batch:data", "needs the batch split over two mesh axes"),
+    ("weight_update_sharding", "model:8", "channels:model", "needs a layout that splits 'batch'"),
+    ("spatial_partitioning", "data:8", "batch:data", "needs a mesh axis for the image height"),
+    ("spatial_partitioning", "data:2,spatial:4", "batch:data+spatial", "both use mesh axis"),
+    ("spatial_partitioning", "data:2,spatial:2,model:2", "batch:data", "splits neither"),
+])
+def test_refused_with_a_clear_error(opts, mesh, layout, needle):
+  with pytest.raises(UserError, match=needle):
+    _plan(opts, mesh, layout)
+
+
+def test_spatial_partitioning_adds_the_height_rule():
+  p = _plan("spatial_partitioning", "data:2,spatial:4")
+  assert p.layout.axes_for("height") == ("spatial",)
+
+
+# --- visible in the compiled program ----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def programs():
+  """Compiled float32 programs of the tiny ResNet, keyed by optimization set."""
+  out = {}
+  for key, (mesh, layout, opts, size) in {
+      "dp": ("data:8", "batch:data", "none", 32),
+      "2d": ("x:4,y:2", "batch:x+y", "grad_sum_2d", 32),
+      "wus": ("data:8", "batch:data", "weight_update_sharding", 32),
+      "sp_off": ("data:2,spatial:4", "batch:data", "none", 64),
+      "sp_on": ("data:2,spatial:4", "batch:data", "spatial_partitioning", 64),
+  }.items():
+    cfg = helpers.tiny_resnet(image_size=size)
+    task = helpers.resnet_task(cfg)
+    batch = next(iter(task.data.train(0)))
+    shd, plan = helpers.planned(mesh, layout, opts)
+    out[key] = step_lib.compile_program(task, shd, cfg.seed, batch,
+                                        next(iter(task.data.eval())), 1, plan)
+  return out
+
+
+def test_grad_sum_2d_hlo_pattern(programs):
+  program, _ = programs["2d"]
+  colls = cost.collectives(program.train.as_text())
+  along_x, along_y = "{{0,2,4,6},{1,3,5,7}}", "{{0,1},{2,3},{4,5},{6,7}}"
+  rs = [c for c in colls if c.kind == "reduce-scatter"]
+  ag = [c for c in colls if c.kind == "all-gather"]
+  ar_y = [c for c in colls if c.kind == "all-reduce" and c.replica_groups == along_y]
+  # One bucket: a single reduce-scatter and all-gather along x, the big all-reduce along y.
+  assert len(rs) == 1 and rs[0].replica_groups == along_x
+  assert len(ag) == 1 and ag[0].replica_groups == along_x
+  n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(program.state_shapes["params"]))
+  assert rs[0].bytes == -(-n_params // 4) * 4            # a quarter of the f32 bucket
+  assert ag[0].bytes >= n_params * 4
+  assert max(c.bytes for c in ar_y) == rs[0].bytes
+  # Without it: gradients are summed by all-reduce over all 8 replicas, no reduce-scatter.
+  dp = cost.collective_summary(programs["dp"][0].train.as_text())
+  assert dp["reduce-scatter"]["count"] == 0 and dp["all-reduce"]["bytes"] >= n_params * 4
+
+
+def _per_device_bytes(tree):
+  return sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(tree))
+
+
+def test_weight_update_sharding_divides_optimizer_state(programs):
+  dp_prog, dp_state = programs["dp"]
+  wus_prog, wus_state = programs["wus"]
+  full, sharded = _per_device_bytes(dp_state["opt_state"]), _per_device_bytes(
+      wus_state["opt_state"])
+  assert full / sharded > 7.0, (full, sharded)     # 8 replicas; a little padding
+  # The compiled step's arguments shrink by the same bytes, and gradients are reduce-scattered.
+  assert (dp_prog.step_cost["memory_per_device"]["argument_bytes"]
+          - wus_prog.step_cost["memory_per_device"]["argument_bytes"]) >= 0.9 * (full - sharded)
+  wus = wus_prog.step_cost["collectives"]
+  assert wus["reduce-scatter"]["count"] == 1 and wus["all-gather"]["count"] >= 1
+
+
+def test_spatial_partitioning_halo_exchange_and_smaller_activations(programs):
+  off, on = programs["sp_off"][0].step_cost, programs["sp_on"][0].step_cost
+  assert off["collectives"]["collective-permute"]["count"] == 0
+  assert on["collectives"]["collective-permute"]["count"] > 0        # halo exchange
+  # 64x64 images, height over 4 devices: activations (temps) per device fall by more than half.
+  assert on["memory_per_device"]["temp_bytes"] < 0.5 * off["memory_per_device"]["temp_bytes"]
+
+
+# --- distributed evaluation -------------------------------------------------------------------
+
+def test_distributed_eval_equals_single_device_evaluation():
+  cfg = helpers.tiny_resnet(eval_batch_size=48)        # 359 examples: the last batch padded
+  task = helpers.resnet_task(cfg)
+  batch = next(iter(task.data.train(0)))
+  shd, plan = helpers.planned("data:8", "batch:data", "distributed_eval")
+  program, state = step_lib.compile_program(task, shd, cfg.seed, batch,
+                                            next(iter(task.data.eval())), 1, plan)
+  state, _ = program.train(state, step_lib.global_batch(batch, program.batch_shardings))
+  got = step_lib.evaluate(program, state, task.data.eval())
+  # Independent: the whole eval set, unpadded, through the model on one device.
+  from benchmarks.resnet.data import load_digits
+  _, _, ex, ey = load_digits(cfg.image_size)
+  params, ms = jax.device_put((state["params"], state["model_state"]), jax.devices()[0])
+  model = suite.ResNet(cfg.model_depth, cfg.model_width, cfg.num_classes, None, jnp.float32)
+  logits = model.apply({"params": params, **ms}, ex, train=False)
+  correct = int(np.sum(np.argmax(np.asarray(logits), -1) == ey))
+  assert got["count"] == len(ey) == 359
+  assert got["correct"] == correct
+  # Stats are reduced on device; the single-device path agrees and has no collectives.
+  assert program.eval_cost["collectives"]["all-reduce"]["count"] >= 1
+  shd2, plan2 = helpers.planned("data:8", "batch:data", "none")
+  program2, state2 = step_lib.compile_program(task, shd2, cfg.seed, batch,
+                                              next(iter(task.data.eval())), 1, plan2)
+  assert program2.eval_cost["collective_bytes_total"] == 0
+  state2, _ = program2.train(state2, step_lib.global_batch(batch, program2.batch_shardings))
+  assert step_lib.evaluate(program2, state2, task.data.eval()) == got
+
+
+def test_summary_shows_the_optimizations(tmp_path):
+  cfg = helpers.tiny_resnet(mesh="x:4,y:2", layout="batch:x+y", max_epochs=1,
+                            optimizations="grad_sum_2d,weight_update_sharding,distributed_eval")
+  s = train.run(cfg, suite.build, train.RunOptions(output_dir=str(tmp_path), quiet=True))
+  assert s["optimizations"] == ["grad_sum_2d", "weight_update_sharding", "distributed_eval"]
+  assert s["plan"]["gradient_sum"] == "x then y" and s["plan"]["weight_update_sharding"]
+  assert s["collectives_per_step"]["reduce-scatter"]["count"] == 2
+  assert len(s["eval_s"]) == 1 and s["eval_s"][0] > 0
