@@ -3,6 +3,7 @@
 #   ./run.sh <benchmark> [--flag=value ...]   run a benchmark (resnet); --helpfull lists flags
 #   ./run.sh test [pytest args]               the whole test suite (8 simulated CPU devices)
 #   ./run.sh check PATH                       MLPerf compliance of a result_*.txt or a folder
+#   ./run.sh ablate <benchmark> [--flags]     each optimization on/off, side by side
 # On first use it creates .venv and installs the project (pinned versions) into it.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -23,7 +24,7 @@ bootstrap() {
 }
 
 usage() {
-  sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//' >&2
 }
 
 verb="${1:-}"
@@ -36,6 +37,9 @@ case "$verb" in
   check)
     shift; bootstrap
     exec "$VENV/bin/python" -m logs.compliance "$@" ;;
+  ablate)
+    shift; bootstrap
+    exec "$VENV/bin/python" -m benchmarks.ablate "$@" ;;
   *)
     shift; bootstrap
     exec "$VENV/bin/python" -m benchmarks.main "$verb" "$@" ;;

@@ -66,9 +66,11 @@ def _overrides(cls) -> dict:
           if FLAGS[f.name].present or FLAGS[f.name].value is not None}
 
 
-def main(argv: list[str]) -> int:
+def setup(argv: list[str], verb: str = "<benchmark>"):
+  """Parses the benchmark name and config flags, then starts the devices. Returns
+  (name, registry entry, config). Bad input raises UserError before jax starts."""
   if len(argv) != 2 or argv[1] not in BENCHMARKS:
-    raise UserError(f"usage: run.sh <benchmark> [--flag=value ...] with benchmark one of "
+    raise UserError(f"usage: run.sh {verb} [--flag=value ...] with benchmark one of "
                     f"{', '.join(BENCHMARKS)}" + (f" (got '{' '.join(argv[1:])}')"
                                                   if len(argv) > 1 else ""))
   name = argv[1]
@@ -89,7 +91,11 @@ def main(argv: list[str]) -> int:
   devices.maybe_initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes,
                                        FLAGS.process_id)
   mod.validate(cfg)
+  return name, entry, cfg
 
+
+def main(argv: list[str]) -> int:
+  name, entry, cfg = setup(argv)
   from benchmarks import train  # pylint: disable=import-outside-toplevel
   stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
   opts = train.RunOptions(
@@ -103,13 +109,16 @@ def main(argv: list[str]) -> int:
   return 0 if summary["status"] == "success" else 1
 
 
-def _main(argv):
-  try:
-    sys.exit(main(argv))
-  except UserError as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+def run_main(fn):
+  """absl's app.run with UserError turned into one line and exit status 2."""
+  def wrapped(argv):
+    try:
+      sys.exit(fn(argv))
+    except UserError as e:
+      print(f"error: {e}", file=sys.stderr)
+      sys.exit(2)
+  app.run(wrapped)
 
 
 if __name__ == "__main__":
-  app.run(_main)
+  run_main(main)

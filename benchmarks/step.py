@@ -137,8 +137,12 @@ def compile_program(task: Task, sharder: Sharder, seed: int, train_example: dict
       g_rows = coll.split_rows(grads, p_rows)
       updates, opt_state = tx.update(g_rows, state["opt_state"], p_rows)
       new_rows = optax.apply_updates(p_rows, updates)
-      params = jax.lax.with_sharding_constraint(coll.from_rows(new_rows, params),
-                                                param_shardings)  # all-gather
+      gathered = jax.shard_map(     # one bucketed all-gather (per phase) of the new weights
+          plan.reduction.all_gather, mesh=sharder.mesh, in_specs=PartitionSpec(batch_spec[0]),
+          out_specs=PartitionSpec(), axis_names=set(axes),
+          check_vma=False)(coll.concat_rows(new_rows))
+      params = jax.lax.with_sharding_constraint(
+          coll.from_rows(coll.split_rows(gathered, new_rows), params), param_shardings)
     else:
       updates, opt_state = tx.update(grads, state["opt_state"], params)
       params = optax.apply_updates(params, updates)

@@ -54,6 +54,12 @@ class Reduction:
       rows = jax.lax.psum_scatter(rows, p, scatter_dimension=0, tiled=True)
     return rows
 
+  def all_gather(self, row: jax.Array) -> jax.Array:
+    """(1, M) -> (N, M): the inverse of `reduce_scatter`'s layout, phases in reverse."""
+    for p in reversed(self.phases):
+      row = jax.lax.all_gather(row, p, axis=0, tiled=True)
+    return row
+
 
 def flatten(tree: Any) -> jax.Array:
   """All leaves as one 1-D buffer (in the leaves' common dtype)."""

@@ -1,0 +1,129 @@
+"""Ablation: each optimization on and off, compiled and timed side by side in one process.
+
+  ./run.sh ablate resnet [--config=cpu] [--ablate_steps=10] [--ablate_rounds=3] [--flag=value]
+
+For every variant (mesh, layout, optimizations) it compiles the benchmark's step and reports
+collective bytes by kind, memory per device, optimizer-state bytes per device, the median step
+time and the median time of one full evaluation. Variants are timed in interleaved rounds, so
+machine noise hits them alike; ratios are against the `none` row on the same mesh.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import time
+
+from absl import flags
+
+from benchmarks import main as cli
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("ablate_steps", 10, "Timed training steps per variant per round.")
+flags.DEFINE_integer("ablate_rounds", 3, "Interleaved timing rounds.")
+flags.DEFINE_string("ablate_json", None, "Also write the results to this JSON file.")
+
+# (label, mesh, layout, optimizations); the first row of each mesh is its baseline.
+VARIANTS = (
+    ("data-parallel", "data:8", "batch:data", "none"),
+    ("+ distributed_eval", "data:8", "batch:data", "distributed_eval"),
+    ("+ weight_update_sharding", "data:8", "batch:data", "weight_update_sharding"),
+    ("batch over x+y", "x:4,y:2", "batch:x+y", "none"),
+    ("+ grad_sum_2d", "x:4,y:2", "batch:x+y", "grad_sum_2d"),
+    ("+ grad_sum_2d, weight_update_sharding", "x:4,y:2", "batch:x+y",
+     "grad_sum_2d,weight_update_sharding"),
+    ("spatial axis idle", "data:2,spatial:4", "batch:data", "none"),
+    ("+ spatial_partitioning", "data:2,spatial:4", "batch:data", "spatial_partitioning"),
+)
+
+
+def _bytes_per_device(tree) -> int:
+  import jax  # pylint: disable=import-outside-toplevel
+  return sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(tree))
+
+
+def ablate(cfg, build, steps: int, rounds: int) -> list[dict]:
+  import jax  # pylint: disable=import-outside-toplevel
+  from benchmarks import step as step_lib  # pylint: disable=import-outside-toplevel
+  from benchmarks import train  # pylint: disable=import-outside-toplevel
+
+  runs = []
+  for label, mesh, layout, opts in VARIANTS:
+    c = dataclasses.replace(cfg, mesh=mesh, layout=layout, optimizations=opts)
+    sharder, plan = train.build_sharder(c)
+    task = build(c, replicas=sharder.batch_size_divisor("batch"))
+    batches = [b for _, b in zip(range(steps), task.data.train(0))]
+    program, state = step_lib.compile_program(task, sharder, c.seed, batches[0],
+                                              next(iter(task.data.eval())), 1, plan)
+    batches = [step_lib.global_batch(b, program.batch_shardings) for b in batches]
+    for b in batches[:2]:   # warm up
+      state, m = program.train(state, b)
+    jax.block_until_ready(m)
+    runs.append({"label": label, "mesh": mesh, "layout": str(plan.layout), "optimizations": opts,
+                 "program": program, "state": state, "batches": batches, "task": task,
+                 "step_s": [], "eval_s": []})
+    print(f"compiled {label} ({mesh}) in {program.compile_s:.1f}s", flush=True)
+  for r in range(rounds):
+    for run in runs:
+      for b in run["batches"]:
+        t = time.perf_counter()
+        run["state"], m = run["program"].train(run["state"], b)
+        jax.block_until_ready(m)
+        run["step_s"].append(time.perf_counter() - t)
+      t = time.perf_counter()
+      step_lib.evaluate(run["program"], run["state"], run["task"].data.eval())
+      run["eval_s"].append(time.perf_counter() - t)
+    print(f"round {r + 1}/{rounds} done", flush=True)
+
+  rows, base = [], {}
+  for run in runs:
+    cost = run["program"].step_cost
+    mem = cost["memory_per_device"]
+    row = {
+        "label": run["label"], "mesh": run["mesh"], "layout": run["layout"],
+        "optimizations": run["optimizations"],
+        "collective_bytes": {k: v["bytes"] for k, v in cost["collectives"].items()},
+        "collective_counts": {k: v["count"] for k, v in cost["collectives"].items()},
+        "argument_bytes": mem.get("argument_bytes"), "temp_bytes": mem.get("temp_bytes"),
+        "opt_state_bytes": _bytes_per_device(run["state"]["opt_state"]),
+        "step_ms": 1e3 * statistics.median(run["step_s"]),
+        "eval_ms": 1e3 * statistics.median(run["eval_s"]),
+    }
+    b = base.setdefault(run["mesh"], row)
+    row["step_ratio"] = row["step_ms"] / b["step_ms"]
+    row["eval_ratio"] = row["eval_ms"] / b["eval_ms"]
+    rows.append(row)
+  return rows
+
+
+def table(rows: list[dict]) -> str:
+  kb = lambda n: f"{n / 1024:,.0f}"
+  head = ("| variant | mesh | all-reduce KiB | reduce-scatter KiB | all-gather KiB | "
+          "coll.-permute KiB | opt state KiB/dev | temps KiB/dev | step ms (ratio) | "
+          "eval ms (ratio) |")
+  lines = [head, "|" + "---|" * 10]
+  for r in rows:
+    c = r["collective_bytes"]
+    n = r["collective_counts"]
+    lines.append(
+        f"| {r['label']} | `{r['mesh']}` | {kb(c['all-reduce'])} ({n['all-reduce']}) | "
+        f"{kb(c['reduce-scatter'])} ({n['reduce-scatter']}) | {kb(c['all-gather'])} "
+        f"({n['all-gather']}) | {kb(c['collective-permute'])} ({n['collective-permute']}) | "
+        f"{kb(r['opt_state_bytes'])} | {kb(r['temp_bytes'])} | {r['step_ms']:.1f} "
+        f"({r['step_ratio']:.2f}) | {r['eval_ms']:.0f} ({r['eval_ratio']:.2f}) |")
+  return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+  _, entry, cfg = cli.setup(argv, verb="ablate <benchmark>")
+  rows = ablate(cfg, entry.build(), FLAGS.ablate_steps, FLAGS.ablate_rounds)
+  print(table(rows))
+  if FLAGS.ablate_json:
+    with open(FLAGS.ablate_json, "w") as f:
+      json.dump(rows, f, indent=2)
+  return 0
+
+
+if __name__ == "__main__":
+  cli.run_main(main)
