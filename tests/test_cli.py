@@ -32,6 +32,8 @@ def run_main(*args, cwd=ROOT):
     (["resnet", "--config=tpu-v9"], "unknown --config 'tpu-v9'"),
     (["resnet", "--model_depth=51"], "--model_depth=51: choose one of"),
     (["bert"], "benchmark one of resnet"),
+    (["resnet", "--optimizations=turbo"], "unknown optimization 'turbo'"),
+    (["resnet", "--optimizations=grad_sum_2d"], "needs the batch split over two mesh axes"),
 ])
 def test_bad_input_one_line_exit_2(tmp_path, args, needle):
   out = tmp_path / "out"
