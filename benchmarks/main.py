@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import inspect
 import os
+import re
 import sys
 import typing
 
@@ -41,12 +43,22 @@ _DEFINE = {int: flags.DEFINE_integer, float: flags.DEFINE_float, str: flags.DEFI
            bool: flags.DEFINE_bool}
 
 
+def _field_comments(cls) -> dict[str, str]:
+  """`name: type = default  # comment` lines of a config class and its bases -> comments."""
+  out = {}
+  for klass in reversed(cls.__mro__[:-1]):
+    for m in re.finditer(r"^\s+(\w+): [^=\n]+=[^#\n]*#\s*(.+)$", inspect.getsource(klass), re.M):
+      out[m.group(1)] = m.group(2).strip()
+  return out
+
+
 def _define_config_flags() -> None:
   """One flag per Config field of every benchmark (same name, same type across benchmarks)."""
   seen = {}
   for entry in BENCHMARKS.values():
     cls = entry.config().Config
     hints = typing.get_type_hints(cls)
+    comments = _field_comments(cls)
     for f in dataclasses.fields(cls):
       typ = hints[f.name]
       if f.name in seen:
@@ -54,8 +66,9 @@ def _define_config_flags() -> None:
           raise TypeError(f"config field {f.name} has two types")
         continue
       seen[f.name] = typ
-      _DEFINE[typ](f.name, None, f"Config override (preset value if unset; "
-                                 f"{cls.__module__.split('.')[1]} default {f.default!r}).")
+      about = comments.get(f.name, f.name.replace("_", " "))
+      _DEFINE[typ](f.name, None, f"{about} (default: the preset's; "
+                                 f"{cls.__module__.split('.')[1]} {f.default!r}).")
 
 
 _define_config_flags()

@@ -52,6 +52,9 @@ def check_output(opts: RunOptions) -> None:
   if opts.division not in ("open", "closed"):
     raise UserError(f"--division={opts.division}: choose open or closed")
   path = result_path(opts)
+  if opts.resume and not os.path.isdir(os.path.join(opts.output_dir, "checkpoints")):
+    raise UserError(f"--resume: no checkpoints in {opts.output_dir}; pass the --output_dir of "
+                    f"a run that used --checkpoint_every")
   if os.path.exists(path) and not (opts.resume or opts.overwrite):
     raise UserError(f"{path} already exists; pass another --run_index or --output_dir, "
                     f"--resume to continue that run, or --overwrite to replace it")

@@ -52,6 +52,12 @@ def test_existing_log_is_not_overwritten(tmp_path):
   assert (tmp_path / "result_0.txt").read_text() == "earlier run\n"
 
 
+def test_resume_without_checkpoints(tmp_path):
+  p = run_main("resnet", f"--output_dir={tmp_path}", "--resume")
+  assert p.returncode == 2 and "--resume: no checkpoints in" in p.stderr
+  assert not (tmp_path / "result_0.txt").exists()
+
+
 def test_run_sh_check_bad_path():
   p = subprocess.run([os.path.join(ROOT, "run.sh"), "check", "/nonexistent/folder"],
                      capture_output=True, text=True, check=False)

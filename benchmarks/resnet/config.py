@@ -19,8 +19,8 @@ class Config(Common):
   num_classes: int = 1000
   synthetic_examples: int = 0       # examples per epoch for --dataset=synthetic (0: 1,281,167)
   # Model.
-  model_depth: int = 50
-  model_width: int = 64
+  model_depth: int = 50             # ResNet depth: 10, 14, 18, 26, 34, 50, 101 or 152
+  model_width: int = 64             # channels of the first stage (64 for ResNet-50)
   bn_span: int = 0                  # examples per batch-norm group; 0: the per-replica batch
   # Optimizer (MLPerf ResNet keys).
   optimizer: str = "lars"
