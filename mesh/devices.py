@@ -46,6 +46,8 @@ def maybe_initialize_distributed(coordinator_address: str | None, num_processes:
     return
   if num_processes is None or process_id is None:
     raise UserError("--coordinator_address needs --num_processes and --process_id")
+  if os.environ.get("JAX_PLATFORMS", jax.config.jax_platforms or "") == "cpu":
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")   # CPU processes
   jax.distributed.initialize(coordinator_address=coordinator_address,
                              num_processes=num_processes, process_id=process_id)
 
