@@ -63,6 +63,7 @@ def test_digits_processes_share_each_global_batch():
   full = next(data_lib.make(cfg).train(3))
   halves = [next(data_lib.make(cfg, pi, 2).train(3)) for pi in range(2)]
   np.testing.assert_array_equal(np.concatenate([h["label"] for h in halves]), full["label"])
+  np.testing.assert_array_equal(np.concatenate([h["image"] for h in halves]), full["image"])
   assert full["image"].shape == (32, 32, 32, 3)
 
 

@@ -52,12 +52,11 @@ def load_digits(image_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np
   return x[n_eval:], y[n_eval:], x[:n_eval], y[:n_eval]
 
 
-def _shift(images: np.ndarray, rng: np.random.Generator, max_shift: int) -> np.ndarray:
-  """Random translation by up to max_shift pixels (zero fill): digits must not be flipped."""
+def _shift(images: np.ndarray, dy: np.ndarray, dx: np.ndarray, max_shift: int) -> np.ndarray:
+  """Translation by (dy, dx) - max_shift pixels (background fill): digits must not be flipped."""
   n, h, w, _ = images.shape
   padded_im = np.pad(images, ((0, 0), (max_shift,) * 2, (max_shift,) * 2, (0, 0)),
                      constant_values=-1.0)
-  dy, dx = rng.integers(0, 2 * max_shift + 1, size=(2, n))
   return np.stack([padded_im[i, dy[i]:dy[i] + h, dx[i]:dx[i] + w] for i in range(n)])
 
 
@@ -71,11 +70,15 @@ def _digits(cfg, local_batch, local_eval, pi, pc) -> Data:
   eval_steps = num_steps(len(ey), local_eval * pc)
 
   def train(epoch):
+    # Every process draws the same global order and shifts and keeps its share, so a run is
+    # the same whatever the process count.
     rng = np.random.default_rng([cfg.seed, epoch])
-    order = rng.permutation(len(ty))[:steps * cfg.global_batch_size]
-    order = order.reshape(steps, pc, local_batch)[:, pi]
-    for idx in order:
-      yield {"image": _shift(tx[idx], rng, max(1, cfg.image_size // 16)), "label": ty[idx]}
+    n = steps * cfg.global_batch_size
+    order = rng.permutation(len(ty))[:n].reshape(steps, pc, local_batch)[:, pi]
+    m = max(1, cfg.image_size // 16)
+    shifts = rng.integers(0, 2 * m + 1, size=(2, n)).reshape(2, steps, pc, local_batch)[:, :, pi]
+    for idx, dy, dx in zip(order, shifts[0], shifts[1]):
+      yield {"image": _shift(tx[idx], dy, dx, m), "label": ty[idx]}
 
   def evaluate():
     arrays = {"image": ex[mine], "label": ey[mine]}
