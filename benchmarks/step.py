@@ -185,6 +185,14 @@ def compile_program(task: Task, sharder: Sharder, seed: int, train_example: dict
                  eval_device, compile_s, cost.analyze(train_c), cost.analyze(eval_c)), state
 
 
+def _whole(x: jax.Array):
+  """The full value of a global array on this host (gathered from other processes if needed)."""
+  if x.is_fully_addressable:
+    return x
+  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+  return multihost_utils.process_allgather(x, tiled=True)
+
+
 def evaluate(program: Program, state, batches) -> dict[str, float]:
   """Sums the eval statistics over all batches (and, off-device, over processes)."""
   totals: dict[str, float] = {}
@@ -192,7 +200,8 @@ def evaluate(program: Program, state, batches) -> dict[str, float]:
     params, model_state = state["params"], state["model_state"]
     put = lambda local: global_batch(local, program.batch_shardings)
   else:   # copy the parameters to one device, as a separate eval job would load them
-    params, model_state = jax.device_put((state["params"], state["model_state"]),
+    params, model_state = jax.device_put(jax.tree.map(_whole, (state["params"],
+                                                               state["model_state"])),
                                          program.eval_device)
     put = lambda local: jax.device_put(local, program.eval_device)
   for local in batches:
