@@ -38,15 +38,12 @@ VARIANTS = (
 )
 
 
-def _bytes_per_device(tree) -> int:
-  import jax  # pylint: disable=import-outside-toplevel
-  return sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(tree))
-
-
 def ablate(cfg, build, steps: int, rounds: int) -> list[dict]:
   import jax  # pylint: disable=import-outside-toplevel
+
   from benchmarks import step as step_lib  # pylint: disable=import-outside-toplevel
   from benchmarks import train  # pylint: disable=import-outside-toplevel
+  from mesh import cost as cost_lib  # pylint: disable=import-outside-toplevel
 
   runs = []
   for label, mesh, layout, opts in VARIANTS:
@@ -86,7 +83,7 @@ def ablate(cfg, build, steps: int, rounds: int) -> list[dict]:
         "collective_bytes": {k: v["bytes"] for k, v in cost["collectives"].items()},
         "collective_counts": {k: v["count"] for k, v in cost["collectives"].items()},
         "argument_bytes": mem.get("argument_bytes"), "temp_bytes": mem.get("temp_bytes"),
-        "opt_state_bytes": _bytes_per_device(run["state"]["opt_state"]),
+        "opt_state_bytes": cost_lib.bytes_per_device(run["state"]["opt_state"]),
         "step_ms": 1e3 * statistics.median(run["step_s"]),
         "eval_ms": 1e3 * statistics.median(run["eval_s"]),
     }

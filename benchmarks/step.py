@@ -22,8 +22,8 @@ from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 from benchmarks.task import Task
 from mesh import collectives as coll
 from mesh import cost
-from mesh.sharding import Sharder, follow_params, manual, names_of, use
-from optimizations import Plan
+from mesh.sharding import Sharder, follow_params, manual, names_of, spec_entry, use
+from optimizations import Plan, batch_axes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,8 +43,8 @@ class Program:
 
 
 def default_plan(sharder: Sharder) -> Plan:
-  axes = tuple(a for a in sharder.layout.axes_for("batch") if a in sharder.mesh.shape)
-  return Plan(layout=sharder.layout, batch_axes=axes, distributed_eval=True)
+  return Plan(layout=sharder.layout, batch_axes=batch_axes(sharder.layout, sharder.mesh.shape),
+              distributed_eval=True)
 
 
 def global_batch(batch: dict[str, np.ndarray], shardings: dict[str, Any]) -> dict[str, jax.Array]:
@@ -57,7 +57,7 @@ def _shape_of(batch: dict[str, np.ndarray], process_count: int, shardings) -> di
 
 
 def _rows_sharding(sharder: Sharder, axes: tuple[str, ...]) -> NamedSharding:
-  return NamedSharding(sharder.mesh, PartitionSpec(axes if len(axes) > 1 else axes[0], None))
+  return NamedSharding(sharder.mesh, PartitionSpec(spec_entry(axes), None))
 
 
 def compile_program(task: Task, sharder: Sharder, seed: int, train_example: dict,
@@ -100,7 +100,7 @@ def compile_program(task: Task, sharder: Sharder, seed: int, train_example: dict
             "model_state": variables, "opt_state": tx.init(opt_params)}
 
   grad_fn = jax.value_and_grad(task.loss, has_aux=True)
-  batch_spec = PartitionSpec(axes if len(axes) > 1 else (axes[0] if axes else None))
+  batch_spec = PartitionSpec(spec_entry(axes))
 
   def manual_grads(params, model_state, batch, rng):
     """Local gradients on each replica's batch, summed by the plan's explicit collectives."""
@@ -189,7 +189,9 @@ def _whole(x: jax.Array):
   """The full value of a global array on this host (gathered from other processes if needed)."""
   if x.is_fully_addressable:
     return x
-  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+  from jax.experimental import (
+    multihost_utils,  # pylint: disable=import-outside-toplevel
+  )
   return multihost_utils.process_allgather(x, tiled=True)
 
 

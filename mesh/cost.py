@@ -72,6 +72,12 @@ def collective_summary(hlo_text: str) -> dict[str, dict[str, int]]:
   return summary
 
 
+def bytes_per_device(tree: Any) -> int:
+  """Bytes one device holds of a tree of (sharded) arrays."""
+  import jax  # pylint: disable=import-outside-toplevel
+  return sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(tree))
+
+
 def _flops(cost: Any) -> float | None:
   if isinstance(cost, (list, tuple)):
     cost = cost[0] if cost else None

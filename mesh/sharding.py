@@ -55,7 +55,7 @@ class Sharder:
             f"{what} {_fmt(names)} shape {tuple(shape)}: dimension '{name}' of size {shape[i]} "
             f"is not divisible by mesh axes {'+'.join(axes)} (size {self.axis_size(axes)}); "
             f"change the layout, the mesh or the size")
-      entries.append(None if not axes else axes[0] if len(axes) == 1 else axes)
+      entries.append(spec_entry(axes))
     return PartitionSpec(*entries)
 
   def named(self, names: Names, shape: Sequence[int] | None = None, what: str = "tensor"
@@ -77,6 +77,12 @@ class Sharder:
 
   def batch_size_divisor(self, dim: str = "batch") -> int:
     return self.axis_size(self.layout.axes_for(dim))
+
+
+def spec_entry(axes: Sequence[str]):
+  """A PartitionSpec entry for a dimension split over `axes`: None, one name, or a tuple."""
+  axes = tuple(axes)
+  return None if not axes else axes[0] if len(axes) == 1 else axes
 
 
 def _fmt(names: Names) -> str:
@@ -163,8 +169,8 @@ def constrain(x: jax.Array, names: Names) -> jax.Array:
     return jax.lax.with_sharding_constraint(x, NamedSharding(sharder.mesh, spec))
   entries = []
   for e in spec:
-    axes = tuple(a for a in ((e,) if isinstance(e, str) else (e or ())) if a not in skip)
-    entries.append(None if not axes else axes[0] if len(axes) == 1 else axes)
+    entries.append(spec_entry(a for a in ((e,) if isinstance(e, str) else (e or ()))
+                              if a not in skip))
   if all(e is None for e in entries):
     return x
   return jax.lax.with_sharding_constraint(

@@ -9,6 +9,7 @@ models never see optimizations, and optimizations only speak to the mesh core.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Callable
 
 from mesh.collectives import Reduction
@@ -66,14 +67,15 @@ def parse(text: str) -> tuple[str, ...]:
   return chosen
 
 
-def batch_axes(layout: Layout, mesh: MeshSpec) -> tuple[str, ...]:
-  return tuple(a for a in layout.axes_for("batch") if a in mesh.names)
+def batch_axes(layout: Layout, mesh_axes) -> tuple[str, ...]:
+  """The mesh axes (of those named in `mesh_axes`) that the layout splits the batch over."""
+  return tuple(a for a in layout.axes_for("batch") if a in mesh_axes)
 
 
 def plan(text: str, layout: Layout, mesh: MeshSpec) -> Plan:
   """The step plan for `--optimizations=text` on this (resolved) mesh and layout."""
   chosen = parse(text)
-  p = Plan(layout=layout, batch_axes=batch_axes(layout, mesh), enabled=chosen)
+  p = Plan(layout=layout, batch_axes=batch_axes(layout, mesh.names), enabled=chosen)
   for name, opt in _registry().items():   # registry order, whatever order the user wrote
     if name in chosen:
       p = opt.apply(p, mesh)
@@ -82,11 +84,4 @@ def plan(text: str, layout: Layout, mesh: MeshSpec) -> Plan:
 
 def flat_reduction(p: Plan, mesh: MeshSpec) -> Reduction:
   """One all-reduce (or reduce-scatter) over all data-parallel axes at once."""
-  return Reduction((p.batch_axes,), (mesh_size(mesh, p.batch_axes),))
-
-
-def mesh_size(mesh: MeshSpec, axes) -> int:
-  size = 1
-  for a in axes:
-    size *= mesh.axis_size(a)
-  return size
+  return Reduction((p.batch_axes,), (math.prod(mesh.axis_size(a) for a in p.batch_axes),))

@@ -1,14 +1,15 @@
 """Shared test helpers: tiny configs and an independent single-device training baseline."""
 
 import dataclasses
+import types
 
 import jax
 import numpy as np
 import optax
 from flax import linen as nn
 
-import optimizations
 from benchmarks import step as step_lib
+from benchmarks import train
 from benchmarks.resnet import suite
 from benchmarks.resnet.config import PRESETS
 from mesh import devices
@@ -55,9 +56,8 @@ def single_device_baseline(task, seed: int, batches):
 
 def planned(mesh: str, layout: str, opts: str):
   """(sharder, plan) for a mesh, layout and --optimizations string, as the loop builds them."""
-  spec = parse_mesh(mesh).resolve(len(jax.devices()))
-  plan = optimizations.plan(opts, parse_layout(layout), spec)
-  return Sharder(devices.make_mesh(spec), plan.layout), plan
+  return train.build_sharder(types.SimpleNamespace(mesh=mesh, layout=layout,
+                                                   optimizations=opts))
 
 
 def sharded_run(task, shd: Sharder, seed: int, batches, plan=None):

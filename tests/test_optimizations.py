@@ -92,15 +92,11 @@ def test_grad_sum_2d_hlo_pattern(programs):
   assert dp["reduce-scatter"]["count"] == 0 and dp["all-reduce"]["bytes"] >= n_params * 4
 
 
-def _per_device_bytes(tree):
-  return sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(tree))
-
-
 def test_weight_update_sharding_divides_optimizer_state(programs):
   dp_prog, dp_state = programs["dp"]
   wus_prog, wus_state = programs["wus"]
-  full, sharded = _per_device_bytes(dp_state["opt_state"]), _per_device_bytes(
-      wus_state["opt_state"])
+  full = cost.bytes_per_device(dp_state["opt_state"])
+  sharded = cost.bytes_per_device(wus_state["opt_state"])
   assert full / sharded > 7.0, (full, sharded)     # 8 replicas; a little padding
   # The compiled step's arguments shrink by the same bytes, and gradients are reduce-scattered.
   assert (dp_prog.step_cost["memory_per_device"]["argument_bytes"]
