@@ -8,9 +8,13 @@ counts exactly once whatever the device and process count.
 from __future__ import annotations
 
 import dataclasses
+import glob
+import os
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
+
+from mesh.errors import UserError
 
 Batch = dict[str, np.ndarray]
 
@@ -61,3 +65,24 @@ def padded(batches: Iterable[Batch], local_batch: int, steps: int, example: Batc
     yield out
   if next(it, None) is not None:
     raise ValueError("eval stream is longer than its steps")
+
+
+def open_tfds(data_dir: str, name: str, split: str, dataset_flag: str, prepare: str):
+  """`tfds.data_source` over a dataset prepared by tensorflow-datasets as ArrayRecord (no
+  TensorFlow at run time). `name` may include a config ("wmt14_translate/de-en"); `prepare`
+  tells the user how to make the dataset when it is missing."""
+  if not data_dir:
+    raise UserError(f"--dataset={dataset_flag} needs --data_dir: the tensorflow-datasets folder "
+                    f"that holds {name}/<version>/")
+  if not os.path.isdir(data_dir):
+    raise UserError(f"--data_dir={data_dir} does not exist")
+  infos = glob.glob(os.path.join(data_dir, name, "*", "dataset_info.json"))
+  if not infos:
+    raise UserError(f"no {name} in --data_dir={data_dir} (looked for "
+                    f"{name}/<version>/dataset_info.json); prepare it with {prepare}")
+  if not glob.glob(os.path.join(os.path.dirname(infos[0]), "*.array_record*")):
+    raise UserError(
+        f"{os.path.dirname(infos[0])} holds no ArrayRecord files; meshperf reads tfds datasets "
+        f"prepared with --file_format=array_record (no TensorFlow at run time)")
+  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+  return tfds.data_source(name, split=split, data_dir=data_dir, download=False)

@@ -21,7 +21,8 @@ from benchmarks.registry import BENCHMARKS
 from mesh.errors import UserError
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("config", None, "Preset name: cpu (the default) or tpu-v3-2048.")
+flags.DEFINE_string("config", None, "Preset name: cpu (the default), tpu-v3-2048; transformer "
+                    "also cpu-model and cpu-hybrid.")
 flags.DEFINE_string("output_dir", None, "Where the MLPerf log, summary.json and checkpoints go "
                     "(default runs/<benchmark>/<timestamp>).")
 flags.DEFINE_integer("run_index", 0, "The log goes to <output_dir>/result_<run_index>.txt.")
@@ -30,6 +31,9 @@ flags.DEFINE_string("submission_org", "meshperf", "MLPerf submission_org.")
 flags.DEFINE_string("submission_platform", "", "MLPerf submission_platform (default: devices).")
 flags.DEFINE_enum("submission_status", "research", ["cloud", "onprem", "preview", "research"],
                   "MLPerf submission_status.")
+flags.DEFINE_string("submission_poc_name", "", "MLPerf submission_poc_name (default: login name).")
+flags.DEFINE_string("submission_entry", "", "MLPerf submission_entry (default: "
+                    "meshperf-<benchmark>).")
 flags.DEFINE_integer("checkpoint_every", 0, "Save an orbax checkpoint every N epochs (0: never).")
 flags.DEFINE_bool("resume", False, "Continue from the newest checkpoint in --output_dir.")
 flags.DEFINE_bool("overwrite", False, "Replace an existing result_<run_index>.txt.")
@@ -116,6 +120,7 @@ def main(argv: list[str]) -> int:
       run_index=FLAGS.run_index, division=FLAGS.division, submission_org=FLAGS.submission_org,
       submission_platform=FLAGS.submission_platform,
       submission_status=FLAGS.submission_status, checkpoint_every=FLAGS.checkpoint_every,
+      submission_poc_name=FLAGS.submission_poc_name, submission_entry=FLAGS.submission_entry,
       resume=FLAGS.resume, overwrite=FLAGS.overwrite, progress_every_s=FLAGS.progress_every_s)
   train.check_output(opts)
   summary = train.run(cfg, entry.build(), opts)

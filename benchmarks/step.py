@@ -37,6 +37,7 @@ class Program:
   train: Any                 # compiled: (state, batch) -> (state, metrics)
   eval: Any                  # compiled: (params, model_state, batch) -> stats
   eval_device: Any           # None: distributed; else the one device eval runs on
+  host_stats: Any            # None: eval returns sums; else per-example outputs scored on hosts
   compile_s: float
   step_cost: dict[str, Any]
   eval_cost: dict[str, Any]
@@ -61,12 +62,12 @@ def _rows_sharding(sharder: Sharder, axes: tuple[str, ...]) -> NamedSharding:
 
 
 def compile_program(task: Task, sharder: Sharder, seed: int, train_example: dict,
-                    eval_example: dict, process_count: int = 1, plan: Plan | None = None
+                    eval_example: dict | None, process_count: int = 1, plan: Plan | None = None
                     ) -> tuple[Program, Any]:
   """Shards the state by dimension names, initializes it and compiles the steps (AOT).
 
-  `train_example`/`eval_example` are local batches that fix shapes. Returns the program and the
-  initial state: {"step", "rng", "params", "model_state", "opt_state"}.
+  `train_example`/`eval_example` are local batches that fix shapes (no eval example: no eval
+  step, for programs that only train). Returns the program and the initial state: {"step", "rng", "params", "model_state", "opt_state"}.
   """
   plan = plan or default_plan(sharder)
   tx = task.optimizer
@@ -105,6 +106,7 @@ def compile_program(task: Task, sharder: Sharder, seed: int, train_example: dict
   def manual_grads(params, model_state, batch, rng):
     """Local gradients on each replica's batch, summed by the plan's explicit collectives."""
     def local(params, model_state, batch, rng):
+      rng = jax.random.fold_in(rng, jax.lax.axis_index(axes))   # own dropout masks per replica
       with manual(axes):
         (loss, (model_state, metrics)), grads = grad_fn(params, model_state, batch, rng)
       loss, model_state, metrics = jax.lax.pmean((loss, model_state, metrics), axes)
@@ -151,7 +153,7 @@ def compile_program(task: Task, sharder: Sharder, seed: int, train_example: dict
             "model_state": model_state, "opt_state": opt_state}, metrics
 
   batch_shardings = {k: sharder.named(v) for k, v in task.data.names.items()}
-  for example in (train_example, eval_example):   # clear errors before jit's own
+  for example in (train_example, eval_example or {}):   # clear errors before jit's own
     for k, v in example.items():
       sharder.spec(task.data.names[k], (v.shape[0] * process_count,) + v.shape[1:],
                    what=f"input '{k}'")
@@ -165,12 +167,30 @@ def compile_program(task: Task, sharder: Sharder, seed: int, train_example: dict
         in_shardings=(state_shardings, {k: batch_shardings[k] for k in train_example}),
         out_shardings=(state_shardings, repl), donate_argnums=0).lower(
             state_shapes, _shape_of(train_example, process_count, batch_shardings)).compile()
+  eval_c, eval_device = None, None
+  if eval_example is not None:
+    eval_c, eval_device = _compile_eval(task, sharder, plan, state_shapes, batch_shardings,
+                                        batch_spec, eval_example, process_count)
+  compile_s = time.time() - t0
+  return Program(sharder, plan, state_shardings, state_shapes, batch_shardings, train_c, eval_c,
+                 eval_device, task.host_stats, compile_s, cost.analyze(train_c),
+                 cost.analyze(eval_c) if eval_c else {}), state
+
+
+def _compile_eval(task: Task, sharder: Sharder, plan: Plan, state_shapes, batch_shardings,
+                  batch_spec, eval_example: dict, process_count: int):
+  """The compiled eval step and the device it runs on (None: distributed over the mesh)."""
+  repl = sharder.replicated()
   eval_device = None
   if plan.distributed_eval:
+    eval_args = (state_shapes["params"], state_shapes["model_state"],
+                 _shape_of(eval_example, process_count, batch_shardings))
+    out_sh = repl
+    if task.host_stats is not None:   # per-example outputs stay split like the batch
+      out_sh = jax.tree.map(lambda _: NamedSharding(sharder.mesh, batch_spec),
+                            jax.eval_shape(task.eval_stats, *eval_args))
     with use(sharder):
-      eval_c = jax.jit(task.eval_stats, out_shardings=repl).lower(
-          state_shapes["params"], state_shapes["model_state"],
-          _shape_of(eval_example, process_count, batch_shardings)).compile()
+      eval_c = jax.jit(task.eval_stats, out_shardings=out_sh).lower(*eval_args).compile()
   else:
     eval_device = jax.local_devices()[0]
     one = SingleDeviceSharding(eval_device)
@@ -180,9 +200,7 @@ def compile_program(task: Task, sharder: Sharder, seed: int, train_example: dict
         on_one(state_shapes["params"]), on_one(state_shapes["model_state"]),
         on_one({k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in eval_example.items()})
     ).compile()
-  compile_s = time.time() - t0
-  return Program(sharder, plan, state_shardings, state_shapes, batch_shardings, train_c, eval_c,
-                 eval_device, compile_s, cost.analyze(train_c), cost.analyze(eval_c)), state
+  return eval_c, eval_device
 
 
 def _whole(x: jax.Array):
@@ -195,8 +213,20 @@ def _whole(x: jax.Array):
   return multihost_utils.process_allgather(x, tiled=True)
 
 
+def _local_rows(program: Program, x: jax.Array) -> np.ndarray:
+  """This process's rows of a batch-split eval output (the inverse of `global_batch`)."""
+  if x.is_fully_addressable:
+    return np.asarray(x)
+  from jax.experimental import (
+    multihost_utils,  # pylint: disable=import-outside-toplevel
+  )
+  return np.asarray(multihost_utils.global_array_to_host_local_array(
+      x, program.sharder.mesh, x.sharding.spec))
+
+
 def evaluate(program: Program, state, batches) -> dict[str, float]:
-  """Sums the eval statistics over all batches (and, off-device, over processes)."""
+  """Sums the eval statistics over all batches (and, when each process has its own sums, over
+  processes)."""
   totals: dict[str, float] = {}
   if program.eval_device is None:
     params, model_state = state["params"], state["model_state"]
@@ -207,10 +237,15 @@ def evaluate(program: Program, state, batches) -> dict[str, float]:
                                          program.eval_device)
     put = lambda local: jax.device_put(local, program.eval_device)
   for local in batches:
-    stats = jax.device_get(program.eval(params, model_state, put(local)))
+    out = program.eval(params, model_state, put(local))
+    if program.host_stats is None:
+      stats = jax.device_get(out)
+    else:
+      stats = program.host_stats(jax.tree.map(lambda x: _local_rows(program, x), out), local)
     for k, v in stats.items():
       totals[k] = totals.get(k, 0.0) + float(v)
-  if program.eval_device is not None and jax.process_count() > 1:
+  per_process = program.eval_device is not None or program.host_stats is not None
+  if per_process and jax.process_count() > 1:
     from jax.experimental import (
       multihost_utils,  # pylint: disable=import-outside-toplevel
     )

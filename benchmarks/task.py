@@ -17,8 +17,12 @@ class Task:
   init(rng) -> variables: {"params": boxed tree, <collection>: boxed tree, ...} whose leaves are
     flax `LogicallyPartitioned` boxes (dimension names) or plain arrays (replicated).
   loss(params, model_state, batch, rng) -> (loss, (new_model_state, metrics dict)).
-  eval_stats(params, model_state, batch) -> dict of sums over the batch (masked).
+  eval_stats(params, model_state, batch) -> dict of sums over the batch (masked), or, with
+    `host_stats`, a dict of per-example outputs (leading batch dimension).
+  host_stats(outputs, local batch) -> dict of sums, computed on each host from the rows of its
+    own batch (decoded sentences -> BLEU statistics); the loop sums them over processes.
   quality(stats summed over the eval set) -> float, compared with `target`.
+  hparams: (key, value) or (key, value, metadata) MLPerf events.
   """
   benchmark: str                    # MLPerf benchmark name (submission_benchmark)
   init: Callable[[Any], dict]
@@ -30,4 +34,5 @@ class Task:
   optimizer: optax.GradientTransformation
   learning_rate: Callable[[Any], Any]
   data: Data
-  hparams: tuple[tuple[str, Any], ...]   # MLPerf hyperparameter events, logged before run_start
+  hparams: tuple[tuple, ...]        # MLPerf hyperparameter events, logged before run_start
+  host_stats: Callable[[dict, dict], dict] | None = None

@@ -36,6 +36,8 @@ class RunOptions:
   submission_org: str = "meshperf"
   submission_platform: str = ""     # empty: derived from the devices, e.g. "8xcpu"
   submission_status: str = "research"
+  submission_poc_name: str = ""     # empty: the user's login name (ruleset 0.6.0 requires one)
+  submission_entry: str = ""        # empty: meshperf-<benchmark> (ruleset 0.6.0 requires one)
   checkpoint_every: int = 0         # epochs between orbax checkpoints; 0: none
   resume: bool = False
   overwrite: bool = False
@@ -68,6 +70,14 @@ def build_sharder(cfg) -> tuple[Sharder, Plan]:
   plan = optimizations.plan(cfg.optimizations, layout, mesh_spec)
   plan.layout.check_against(mesh_spec)
   return Sharder(devices.make_mesh(mesh_spec), plan.layout), plan
+
+
+def _login() -> str:
+  import getpass  # pylint: disable=import-outside-toplevel
+  try:
+    return getpass.getuser()
+  except (KeyError, OSError):
+    return "unknown"
 
 
 def _fmt_time(s: float) -> str:
@@ -117,11 +127,13 @@ def run(cfg, build: Callable[..., Task], opts: RunOptions) -> dict[str, Any]:
     for key, value in ((C.SUBMISSION_BENCHMARK, task.benchmark), (C.SUBMISSION_ORG,
                        opts.submission_org), (C.SUBMISSION_DIVISION, opts.division),
                        (C.SUBMISSION_STATUS, opts.submission_status),
-                       (C.SUBMISSION_PLATFORM, platform)):
+                       (C.SUBMISSION_PLATFORM, platform),
+                       (C.SUBMISSION_POC_NAME, opts.submission_poc_name or _login()),
+                       (C.SUBMISSION_ENTRY, opts.submission_entry or f"meshperf-{task.benchmark}")):
       log.event(key, value)
     log.event(C.SEED, cfg.seed)
-    for key, value in task.hparams:
-      log.event(key, value)
+    for key, value, *metadata in task.hparams:
+      log.event(key, value, metadata=metadata[0] if metadata else None)
     say(f"{task.benchmark}: mesh {dict(mesh.shape)} layout '{sharder.layout}' on "
         f"{len(jax.devices())} {jax.devices()[0].platform} device(s), {pc} process(es); "
         f"{data.name}: {data.num_train} train / {data.num_eval} eval examples, "
@@ -170,6 +182,7 @@ def run(cfg, build: Callable[..., Task], opts: RunOptions) -> dict[str, Any]:
       log.start(C.BLOCK_START, metadata={C.FIRST_EPOCH_NUM: epochs_done + 1,
                                          C.EPOCH_COUNT: count})
       for epoch in range(epochs_done, epochs_done + count):
+        log.start(C.EPOCH_START, metadata={C.EPOCH_NUM: epoch + 1})
         for i, local in enumerate(data.train(epoch)):
           batch = global_batch(local, program.batch_shardings)
           t = time.time()
@@ -179,6 +192,7 @@ def run(cfg, build: Callable[..., Task], opts: RunOptions) -> dict[str, Any]:
           progress.maybe_print(epoch * data.steps_per_epoch + i + 1,
                                epoch + (i + 1) / data.steps_per_epoch, step_times,
                                {"loss": metrics["loss"], "lr": metrics["lr"]})
+        log.end(C.EPOCH_STOP, metadata={C.EPOCH_NUM: epoch + 1})
       epochs_done += count
       log.end(C.BLOCK_STOP, metadata={C.FIRST_EPOCH_NUM: epochs_done - count + 1})
       log.start(C.EVAL_START, metadata={C.EPOCH_NUM: epochs_done})

@@ -43,12 +43,37 @@ def benchmark_of(path: str) -> str | None:
   return None
 
 
+# MLPerf 0.6 logs used the older `:::MLL <seconds> <key>: {"value": .., "metadata": ..}` syntax,
+# which is all the 0.6.0 ruleset's parser reads.
+LEGACY_SYNTAX = {"0.6.0"}
+
+
+def to_mll_v06(lines) -> list[str]:
+  """The events of a `:::MLLOG` log in the MLPerf 0.6 `:::MLL` syntax (same keys, values,
+  metadata and times)."""
+  out = []
+  for line in lines:
+    if ":::MLLOG" not in line:
+      continue
+    rec = json.loads(line.split(":::MLLOG", 1)[1])
+    body = json.dumps({"value": rec.get("value"), "metadata": rec.get("metadata", {})})
+    out.append(f":::MLL {rec['time_ms'] / 1000:.3f} {rec['key']}: {body}\n")
+  return out
+
+
 def check_file(path: str, ruleset: str) -> CheckResult:
-  """Runs `python -m mlperf_logging.compliance_checker` (a fresh process: it keeps global state)."""
+  """Runs `python -m mlperf_logging.compliance_checker` (a fresh process: it keeps global state).
+
+  For the 0.6.0 ruleset the log is checked in the 0.6 syntax (converted by `to_mll_v06`)."""
   with tempfile.TemporaryDirectory() as tmp:
+    target = path
+    if ruleset in LEGACY_SYNTAX:
+      target = os.path.join(tmp, os.path.basename(path))
+      with open(path, encoding="utf-8", errors="replace") as f, open(target, "w") as g:
+        g.writelines(to_mll_v06(f))
     proc = subprocess.run(
         [sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", "training",
-         "--ruleset", ruleset, "--log_output", os.path.join(tmp, "checker.log"), path],
+         "--ruleset", ruleset, "--log_output", os.path.join(tmp, "checker.log"), target],
         capture_output=True, text=True, check=False)
   text = proc.stderr
   messages = []
@@ -61,7 +86,7 @@ def check_file(path: str, ruleset: str) -> CheckResult:
   ok = proc.returncode == 0
   if not ok and not messages:
     messages = [text.strip() or proc.stdout.strip()]
-  return CheckResult(path, ruleset, ok, tuple(messages))
+  return CheckResult(path, ruleset, ok, tuple(m.replace(target, path) for m in messages))
 
 
 def find_logs(path: str) -> list[str]:

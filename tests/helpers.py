@@ -61,9 +61,9 @@ def planned(mesh: str, layout: str, opts: str):
 
 
 def sharded_run(task, shd: Sharder, seed: int, batches, plan=None):
-  """The harness's own compiled, sharded steps. Returns (losses, params, program)."""
-  program, state = step_lib.compile_program(task, shd, seed, batches[0],
-                                            next(iter(task.data.eval())), 1, plan)
+  """The harness's own compiled, sharded training steps (no eval step). Returns (losses, params,
+  program, state)."""
+  program, state = step_lib.compile_program(task, shd, seed, batches[0], None, 1, plan)
   losses = []
   for b in batches:
     state, metrics = program.train(state, step_lib.global_batch(b, program.batch_shardings))

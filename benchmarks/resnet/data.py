@@ -6,13 +6,17 @@ normalized, and `label` int32.
 
 from __future__ import annotations
 
-import glob
-import os
-
 import numpy as np
 from PIL import Image
 
-from benchmarks.data import Data, array_batches, num_steps, padded, process_indices
+from benchmarks.data import (
+  Data,
+  array_batches,
+  num_steps,
+  open_tfds,
+  padded,
+  process_indices,
+)
 from mesh.errors import UserError
 
 NAMES = {"image": ("batch", "height", "width", None), "label": ("batch",),
@@ -113,30 +117,6 @@ def _synthetic(cfg, local_batch, local_eval) -> Data:
 
 # --- ImageNet as prepared by tensorflow-datasets (ArrayRecord), read with grain ---------------
 
-def _find_tfds(data_dir: str, name: str) -> None:
-  if not data_dir:
-    raise UserError(f"--dataset=imagenet needs --data_dir: the tensorflow-datasets folder that "
-                    f"holds {name}/<version>/")
-  if not os.path.isdir(data_dir):
-    raise UserError(f"--data_dir={data_dir} does not exist")
-  infos = glob.glob(os.path.join(data_dir, name, "*", "dataset_info.json"))
-  if not infos:
-    raise UserError(
-        f"no {name} in --data_dir={data_dir} (looked for {name}/<version>/dataset_info.json); "
-        f"prepare it with `tfds build {name} --manual_dir=... --file_format=array_record` "
-        f"(needs TensorFlow once), or use --dataset=digits or --dataset=synthetic")
-  if not glob.glob(os.path.join(os.path.dirname(infos[0]), "*.array_record*")):
-    raise UserError(
-        f"{os.path.dirname(infos[0])} holds no ArrayRecord files; meshperf reads tfds datasets "
-        f"prepared with --file_format=array_record (no TensorFlow at run time)")
-
-
-def open_tfds(data_dir: str, name: str, split: str):
-  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
-  _find_tfds(data_dir, name)
-  return tfds.data_source(name, split=split, data_dir=data_dir, download=False)
-
-
 def _normalize(image: np.ndarray) -> np.ndarray:
   return (image.astype(np.float32) - IMAGENET_MEAN) / IMAGENET_STD
 
@@ -176,8 +156,10 @@ def center_crop(image: np.ndarray, size: int, crop_fraction: float = 0.875) -> n
 
 def _imagenet(cfg, local_batch, local_eval, pi, pc) -> Data:
   import grain  # pylint: disable=import-outside-toplevel
-  train_src = open_tfds(cfg.data_dir, "imagenet2012", "train")
-  eval_src = open_tfds(cfg.data_dir, "imagenet2012", "validation")
+  prepare = ("`tfds build imagenet2012 --manual_dir=... --file_format=array_record` (needs "
+             "TensorFlow once), or use --dataset=digits or --dataset=synthetic")
+  train_src = open_tfds(cfg.data_dir, "imagenet2012", "train", "imagenet", prepare)
+  eval_src = open_tfds(cfg.data_dir, "imagenet2012", "validation", "imagenet", prepare)
   steps = len(train_src) // cfg.global_batch_size
   if steps == 0:
     raise UserError(f"--global_batch_size={cfg.global_batch_size} is larger than the "
