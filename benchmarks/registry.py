@@ -21,4 +21,5 @@ class Entry:
 
 BENCHMARKS = {
     "resnet": Entry("benchmarks.resnet.config", "benchmarks.resnet.suite"),
+    "transformer": Entry("benchmarks.transformer.config", "benchmarks.transformer.suite"),
 }

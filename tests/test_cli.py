@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -12,6 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def run_main(*args, cwd=ROOT):
   env = dict(os.environ)
   env.pop("XLA_FLAGS", None)
+  env["MESHPERF_CACHE"] = os.path.join(tempfile.gettempdir(), "meshperf-test-cache")
   return subprocess.run([sys.executable, "-m", "benchmarks.main", *args], cwd=cwd, env=env,
                         capture_output=True, text=True, timeout=300, check=False)
 
@@ -31,9 +33,15 @@ def run_main(*args, cwd=ROOT):
     (["resnet", "--dataset=cifar"], "--dataset=cifar: choose one of"),
     (["resnet", "--config=tpu-v9"], "unknown --config 'tpu-v9'"),
     (["resnet", "--model_depth=51"], "--model_depth=51: choose one of"),
-    (["bert"], "benchmark one of resnet"),
+    (["bert"], "benchmark one of resnet, transformer"),
     (["resnet", "--optimizations=turbo"], "unknown optimization 'turbo'"),
     (["resnet", "--optimizations=grad_sum_2d"], "needs the batch split over two mesh axes"),
+    (["transformer", "--dataset=text"], "reads --data_dir, which is not set"),
+    (["transformer", "--dataset=text", f"--data_dir={ROOT}"], "train.en is missing"),
+    (["transformer", "--config=cpu-model", "--num_heads=6", "--d_kv=16"],
+     "not divisible by mesh axes model"),
+    (["transformer", "--vocab_size=5000"], "choose a smaller --vocab_size"),
+    (["transformer", "--truncation=cut"], "--truncation=cut: choose discard or truncate"),
 ])
 def test_bad_input_one_line_exit_2(tmp_path, args, needle):
   out = tmp_path / "out"

@@ -1,0 +1,121 @@
+"""Transformer on WMT14 En-De: model, loss, beam-search BLEU, Adam and MLPerf hyperparameter keys."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from benchmarks.task import Task
+from benchmarks.transformer import bleu
+from benchmarks.transformer import data as data_lib
+from benchmarks.transformer.beam import beam_search
+from benchmarks.transformer.config import Config
+from benchmarks.transformer.model import Transformer, padded_vocab
+from benchmarks.transformer.tokenizer import EOS
+from logs.mlperf import C
+from mesh.collectives import batch_mean
+from mesh.errors import UserError
+
+DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32, "float64": jnp.float64}
+
+
+def schedule(cfg: Config):
+  """Linear warmup, then inverse square root decay (Vaswani et al.; tensor2tensor's
+  constant * linear_warmup * rsqrt_decay * rsqrt_hidden_size):
+  lr = base * d_model**-0.5 * min(s / warmup, 1) / sqrt(max(s, warmup)), s = step + 1."""
+  base, warmup, d = cfg.base_learning_rate, max(cfg.warmup_steps, 1), cfg.d_model
+
+  def lr(step):
+    s = jnp.asarray(step, jnp.float32) + 1.0
+    return base * d ** -0.5 * jnp.minimum(s / warmup, 1.0) * jax.lax.rsqrt(jnp.maximum(s, warmup))
+  return lr
+
+
+def hparams(cfg: Config) -> tuple:
+  return ((C.GLOBAL_BATCH_SIZE, cfg.global_batch_size), (C.OPT_NAME, cfg.optimizer),
+          (C.OPT_BASE_LR, cfg.base_learning_rate),
+          (C.OPT_LR_WARMUP_STEPS, cfg.warmup_steps),
+          (C.OPT_ADAM_BETA_1, cfg.adam_beta1), (C.OPT_ADAM_BETA_2, cfg.adam_beta2),
+          (C.OPT_ADAM_EPSILON, cfg.adam_epsilon),
+          (C.MAX_SEQUENCE_LENGTH, cfg.max_sequence_length, {"method": cfg.truncation}))
+
+
+def smoothed_xent(logits, targets, real_vocab: int, smoothing: float):
+  """Cross entropy against label-smoothed targets: 1 - smoothing on the target, the rest spread
+  evenly over the other real tokens (never over the vocab's padding rows)."""
+  vocab = logits.shape[-1]
+  low = smoothing / (real_vocab - 1)
+  soft = jax.nn.one_hot(targets, vocab) * (1.0 - smoothing - low)
+  soft = soft + jnp.where(jnp.arange(vocab) < real_vocab, low, 0.0)
+  return -jnp.sum(soft * jax.nn.log_softmax(logits), -1)
+
+
+def make_model(cfg: Config, real_vocab: int, dtype=None) -> Transformer:
+  return Transformer(vocab=padded_vocab(real_vocab), real_vocab=real_vocab,
+                     num_layers=cfg.num_layers, d_model=cfg.d_model, d_ff=cfg.d_ff,
+                     num_heads=cfg.num_heads, d_kv=cfg.d_kv, dropout=cfg.dropout,
+                     attention_dropout=cfg.attention_dropout,
+                     dtype=dtype or DTYPES[cfg.dtype])
+
+
+def translate(model: Transformer, params, inputs, beam: int, max_len: int, alpha: float):
+  """Beam-search translations (batch, max_len) of source ids (batch, length)."""
+  encoded = model.apply({"params": params}, inputs, method=Transformer.encode)
+  b = inputs.shape[0]
+  enc = jnp.repeat(encoded, beam, axis=0)
+  seg = jnp.repeat((inputs > 0).astype(jnp.int32), beam, axis=0)
+
+
+  def step(tokens, cache, i):   # cache: {} on the call that creates it, else {"cache": ...}
+    return model.apply({"params": params, **cache}, enc, seg, tokens, i, max_len,
+                       mutable=["cache"], method=Transformer.decode_step)
+
+  _, cache = step(jnp.zeros((b * beam, 1), jnp.int32), {}, 0)
+  seqs, _ = beam_search(step, cache, b, beam, max_len, alpha, EOS)
+  return seqs
+
+
+def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int = 1) -> Task:
+  del replicas
+  if cfg.dtype == "float64" and not jax.config.jax_enable_x64:
+    raise UserError("--dtype=float64 needs 64-bit jax: set JAX_ENABLE_X64=1")
+  say = (lambda s: print(s, flush=True)) if process_index == 0 else (lambda s: None)
+  data, references, tok = data_lib.make(cfg, process_index, process_count, say)
+  real_vocab = tok.vocab_size
+  model = make_model(cfg, real_vocab)
+  lr = schedule(cfg)
+
+  def init(rng):
+    ids = jnp.ones((1, 8), jnp.int32)
+    return model.init(rng, ids, ids)
+
+  def loss(params, model_state, batch, rng):
+    logits = model.apply({"params": params}, batch["inputs"], batch["targets"],
+                         batch["inputs_segment"], batch["inputs_position"],
+                         batch["targets_segment"], batch["targets_position"], train=True,
+                         rngs={"dropout": rng})
+    weights = (batch["targets_segment"] > 0).astype(logits.dtype)
+    xent = smoothed_xent(logits, batch["targets"], real_vocab, cfg.label_smoothing)
+    correct = (jnp.argmax(logits, -1) == batch["targets"]) * weights
+    tokens = jnp.sum(weights)
+    value = batch_mean(jnp.sum(xent * weights), tokens)
+    return value, (model_state, {"token_accuracy": batch_mean(jnp.sum(correct), tokens)})
+
+  def eval_stats(params, model_state, batch):
+    del model_state
+    return {"tokens": translate(model, params, batch["inputs"], cfg.beam_size,
+                                cfg.max_decode_length, cfg.length_penalty)}
+
+  def host_stats(outputs, batch):
+    real = batch["mask"] > 0
+    hyps = [tok.decode(t) for t, keep in zip(outputs["tokens"], real) if keep]
+    refs = [references[i] for i, keep in zip(batch["index"], real) if keep]
+    return bleu.stats(hyps, refs)
+
+  optimizer = optax.adam(lr, b1=cfg.adam_beta1, b2=cfg.adam_beta2, eps=cfg.adam_epsilon)
+  return Task(
+      benchmark=C.TRANSFORMER, init=init, loss=loss, eval_stats=eval_stats,
+      quality=lambda totals: bleu.score(totals) / 100.0, quality_name="BLEU (uncased, /100)",
+      target=cfg.target_bleu, optimizer=optimizer, learning_rate=lr, data=data,
+      hparams=hparams(cfg), host_stats=host_stats)
