@@ -2,7 +2,8 @@
 
   ./run.sh ablate resnet [--config=cpu] [--ablate_steps=10] [--ablate_rounds=3] [--flag=value]
 
-For every variant (mesh, layout, optimizations) it compiles the benchmark's step and reports
+For every variant (mesh, layout, optimizations; the benchmark config module's ABLATIONS) it
+compiles the benchmark's step and reports
 collective bytes by kind, memory per device, optimizer-state bytes per device, the median step
 time and the median time of one full evaluation. Variants are timed in interleaved rounds, so
 machine noise hits them alike; ratios are against the `none` row on the same mesh.
@@ -24,21 +25,7 @@ flags.DEFINE_integer("ablate_steps", 10, "Timed training steps per variant per r
 flags.DEFINE_integer("ablate_rounds", 3, "Interleaved timing rounds.")
 flags.DEFINE_string("ablate_json", None, "Also write the results to this JSON file.")
 
-# (label, mesh, layout, optimizations); the first row of each mesh is its baseline.
-VARIANTS = (
-    ("data-parallel", "data:8", "batch:data", "none"),
-    ("+ distributed_eval", "data:8", "batch:data", "distributed_eval"),
-    ("+ weight_update_sharding", "data:8", "batch:data", "weight_update_sharding"),
-    ("batch over x+y", "x:4,y:2", "batch:x+y", "none"),
-    ("+ grad_sum_2d", "x:4,y:2", "batch:x+y", "grad_sum_2d"),
-    ("+ grad_sum_2d, weight_update_sharding", "x:4,y:2", "batch:x+y",
-     "grad_sum_2d,weight_update_sharding"),
-    ("spatial axis idle", "data:2,spatial:4", "batch:data", "none"),
-    ("+ spatial_partitioning", "data:2,spatial:4", "batch:data", "spatial_partitioning"),
-)
-
-
-def ablate(cfg, build, steps: int, rounds: int) -> list[dict]:
+def ablate(cfg, build, variants, steps: int, rounds: int) -> list[dict]:
   import jax  # pylint: disable=import-outside-toplevel
 
   from benchmarks import step as step_lib  # pylint: disable=import-outside-toplevel
@@ -46,7 +33,7 @@ def ablate(cfg, build, steps: int, rounds: int) -> list[dict]:
   from mesh import cost as cost_lib  # pylint: disable=import-outside-toplevel
 
   runs = []
-  for label, mesh, layout, opts in VARIANTS:
+  for label, mesh, layout, opts in variants:
     c = dataclasses.replace(cfg, mesh=mesh, layout=layout, optimizations=opts)
     sharder, plan = train.build_sharder(c)
     task = build(c, replicas=sharder.batch_size_divisor("batch"))
@@ -97,9 +84,9 @@ def ablate(cfg, build, steps: int, rounds: int) -> list[dict]:
 def table(rows: list[dict]) -> str:
   kb = lambda n: f"{n / 1024:,.0f}"
   head = ("| variant | mesh | all-reduce KiB | reduce-scatter KiB | all-gather KiB | "
-          "coll.-permute KiB | opt state KiB/dev | temps KiB/dev | step ms (ratio) | "
-          "eval ms (ratio) |")
-  lines = [head, "|" + "---|" * 10]
+          "coll.-permute KiB | args KiB/dev | opt state KiB/dev | temps KiB/dev | "
+          "step ms (ratio) | eval ms (ratio) |")
+  lines = [head, "|" + "---|" * 11]
   for r in rows:
     c = r["collective_bytes"]
     n = r["collective_counts"]
@@ -107,14 +94,16 @@ def table(rows: list[dict]) -> str:
         f"| {r['label']} | `{r['mesh']}` | {kb(c['all-reduce'])} ({n['all-reduce']}) | "
         f"{kb(c['reduce-scatter'])} ({n['reduce-scatter']}) | {kb(c['all-gather'])} "
         f"({n['all-gather']}) | {kb(c['collective-permute'])} ({n['collective-permute']}) | "
-        f"{kb(r['opt_state_bytes'])} | {kb(r['temp_bytes'])} | {r['step_ms']:.1f} "
+        f"{kb(r['argument_bytes'])} | {kb(r['opt_state_bytes'])} | {kb(r['temp_bytes'])} | "
+        f"{r['step_ms']:.1f} "
         f"({r['step_ratio']:.2f}) | {r['eval_ms']:.0f} ({r['eval_ratio']:.2f}) |")
   return "\n".join(lines)
 
 
 def main(argv: list[str]) -> int:
   _, entry, cfg = cli.setup(argv, verb="ablate <benchmark>")
-  rows = ablate(cfg, entry.build(), FLAGS.ablate_steps, FLAGS.ablate_rounds)
+  rows = ablate(cfg, entry.build(), entry.config().ABLATIONS, FLAGS.ablate_steps,
+                FLAGS.ablate_rounds)
   print(table(rows))
   if FLAGS.ablate_json:
     with open(FLAGS.ablate_json, "w") as f:

@@ -30,7 +30,6 @@ def x64():
 
 
 CASES = [
-    ("grad_sum_2d", "x:4,y:2", "batch:x+y", "lars"),
     ("weight_update_sharding", "data:8", "batch:data", "lars"),
     ("weight_update_sharding", "data:8", "batch:data", "adam"),
     ("grad_sum_2d,weight_update_sharding", "x:4,y:2", "batch:x+y", "adam"),

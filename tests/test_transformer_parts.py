@@ -31,9 +31,9 @@ def _score_all(model, params, inputs, max_len, alpha):
   for i, s in enumerate(seqs):
     targets[i, :len(s)] = s
   out = []
+  forward = jax.jit(lambda src: jax.nn.log_softmax(model.apply({"params": params}, src, targets)))
   for src in inputs:
-    logits = model.apply({"params": params}, np.repeat(src[None], len(seqs), 0), targets)
-    logp = np.asarray(jax.nn.log_softmax(logits))
+    logp = np.asarray(forward(np.repeat(src[None], len(seqs), 0)))
     out.append({s: sum(logp[i, t, tok] for t, tok in enumerate(s)) / length_penalty(len(s), alpha)
                 for i, s in enumerate(seqs)})
   return out
@@ -44,13 +44,12 @@ def _trim(row):
   return tuple(row[:row.index(EOS) + 1]) if EOS in row else tuple(row)
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_beam_search_finds_the_best_sentence_found_by_enumeration(seed):
+def test_beam_search_finds_the_best_sentence_found_by_enumeration():
   """A beam wide enough to keep every prefix (27 >= 3**3 / 2 candidates per step) must return
   exactly the best of all 40 sentences; the cached decoder must score them as the full model."""
   model, max_len, alpha = _tiny_model(), 4, 0.6
   inputs = np.array([[2, 3, 4, 1], [4, 4, 1, 0], [3, 1, 0, 0]], np.int32)
-  params = model.init(jax.random.PRNGKey(seed), inputs, inputs)["params"]
+  params = model.init(jax.random.PRNGKey(0), inputs, inputs)["params"]
   # Sharper distributions than at init, so sentences differ clearly in score.
   params = jax.tree.map(lambda p: p * 3.0, params)
   scores = _score_all(model, params, inputs, max_len, alpha)

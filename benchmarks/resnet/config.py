@@ -60,6 +60,21 @@ PRESETS = {
 }
 
 
+# `./run.sh ablate resnet`: (label, mesh, layout, optimizations); the first row of each mesh is
+# its baseline.
+ABLATIONS = (
+    ("data-parallel", "data:8", "batch:data", "none"),
+    ("+ distributed_eval", "data:8", "batch:data", "distributed_eval"),
+    ("+ weight_update_sharding", "data:8", "batch:data", "weight_update_sharding"),
+    ("batch over x+y", "x:4,y:2", "batch:x+y", "none"),
+    ("+ grad_sum_2d", "x:4,y:2", "batch:x+y", "grad_sum_2d"),
+    ("+ grad_sum_2d, weight_update_sharding", "x:4,y:2", "batch:x+y",
+     "grad_sum_2d,weight_update_sharding"),
+    ("spatial axis idle", "data:2,spatial:4", "batch:data", "none"),
+    ("+ spatial_partitioning", "data:2,spatial:4", "batch:data", "spatial_partitioning"),
+)
+
+
 def validate(c: Config) -> None:
   from benchmarks.resnet.model import STAGES  # pylint: disable=import-outside-toplevel
   if c.dataset not in DATASETS:
