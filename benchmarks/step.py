@@ -67,7 +67,8 @@ def compile_program(task: Task, sharder: Sharder, seed: int, train_example: dict
   """Shards the state by dimension names, initializes it and compiles the steps (AOT).
 
   `train_example`/`eval_example` are local batches that fix shapes (no eval example: no eval
-  step, for programs that only train). Returns the program and the initial state: {"step", "rng", "params", "model_state", "opt_state"}.
+  step, for programs that only train). Returns the program and the initial state:
+  {"step", "rng", "params", "model_state", "opt_state"}.
   """
   plan = plan or default_plan(sharder)
   tx = task.optimizer

@@ -16,7 +16,6 @@ from tests import helpers
 LAYOUTS = [
     ("data:8", "batch:data"),                               # data parallel
     ("data:4,model:2", "batch:data;channels:model"),         # hybrid
-    ("x:4,y:2", "batch:x+y"),                               # batch over two mesh axes
     ("model:8", "channels:model"),                          # model parallel only
 ]
 

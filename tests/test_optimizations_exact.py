@@ -30,10 +30,8 @@ def x64():
 
 
 CASES = [
-    ("weight_update_sharding", "data:8", "batch:data", "lars"),
     ("weight_update_sharding", "data:8", "batch:data", "adam"),
     ("grad_sum_2d,weight_update_sharding", "x:4,y:2", "batch:x+y", "adam"),
-    ("spatial_partitioning", "data:2,spatial:4", "batch:data", "lars"),
     ("spatial_partitioning,grad_sum_2d,weight_update_sharding", "x:2,y:2,spatial:2", "batch:x+y",
      "lars"),
     # bn_span 16 over 4 examples per replica: batch-norm groups of 4 replicas.

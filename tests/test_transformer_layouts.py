@@ -18,8 +18,9 @@ def _task(tmp, dropout):
   cfg = dataclasses.replace(
       PRESETS["cpu"], dtype="float64", num_layers=1, d_model=32, d_ff=64, num_heads=8, d_kv=4,
       vocab_size=128, tokenizer=str(tmp / "spm.model"), grammar_train_examples=400,
-      grammar_eval_examples=16, max_sequence_length=40, truncation="truncate", packing=True, global_batch_size=16,
-      eval_batch_size=16, max_eval_length=24, max_decode_length=6, beam_size=2,
+      grammar_eval_examples=16, max_sequence_length=40, truncation="truncate", packing=True,
+      global_batch_size=16, eval_batch_size=16, max_eval_length=24, max_decode_length=6,
+      beam_size=2,
       dropout=dropout, attention_dropout=dropout, warmup_steps=2, base_learning_rate=0.5)
   task = suite.build(cfg, replicas=8)
   batches = list(itertools.islice(task.data.train(0), 3))

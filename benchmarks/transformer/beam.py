@@ -27,10 +27,11 @@ def _gather(x: jax.Array, idx: jax.Array) -> jax.Array:
 
 
 def beam_search(step_fn: Callable[..., tuple[jax.Array, Any]], cache: Any, batch: int,
-                beam: int, max_len: int, alpha: float, eos: int, pad: int = 0
-                ) -> tuple[jax.Array, jax.Array]:
+                beam: int, max_len: int, alpha: float, eos: int, pad: int = 0,
+                valid: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
   """Returns (sequences (B, max_len) ending with eos then pad, scores (B,)), the best of each
-  example. Leaves of `cache` have a leading B*K dimension (example-major)."""
+  example. Leaves of `cache` have a leading B*K dimension (example-major). `valid` (B,) marks
+  real examples: padding rows of an eval batch do not hold up the early stop."""
   B, K = batch, beam
   flat = lambda x: x.reshape((B * K,) + x.shape[2:])
   unflat = lambda x: x.reshape((B, K) + x.shape[1:])
@@ -48,7 +49,10 @@ def beam_search(step_fn: Callable[..., tuple[jax.Array, Any]], cache: Any, batch
     # Later hypotheses score at most alive_logp / lp(max_len) (log p only falls, the penalty
     # only grows, for alpha >= 0): once the best finished beats that everywhere, it is final.
     bound = s["alive_logp"][:, 0] / length_penalty(max_len, alpha)
-    return (s["step"] < max_len) & ~jnp.all(s["fin_score"][:, 0] > bound)
+    done = s["fin_score"][:, 0] > bound
+    if valid is not None:
+      done |= ~valid
+    return (s["step"] < max_len) & ~jnp.all(done)
 
   def body(s):
     i = s["step"]

@@ -1,4 +1,4 @@
-"""Transformer on WMT14 En-De: model, loss, beam-search BLEU, Adam and MLPerf hyperparameter keys."""
+"""Transformer on WMT14 En-De: model, loss, beam-search BLEU, Adam, MLPerf hyperparameter keys."""
 
 from __future__ import annotations
 
@@ -60,7 +60,8 @@ def make_model(cfg: Config, real_vocab: int, dtype=None) -> Transformer:
 
 
 def translate(model: Transformer, params, inputs, beam: int, max_len: int, alpha: float):
-  """Beam-search translations (batch, max_len) of source ids (batch, length)."""
+  """Beam-search translations (batch, max_len) of source ids (batch, length); all-padding rows
+  (eval batch padding) are decoded but never wait for."""
   encoded = model.apply({"params": params}, inputs, method=Transformer.encode)
   b = inputs.shape[0]
   enc = jnp.repeat(encoded, beam, axis=0)
@@ -72,7 +73,8 @@ def translate(model: Transformer, params, inputs, beam: int, max_len: int, alpha
                        mutable=["cache"], method=Transformer.decode_step)
 
   _, cache = step(jnp.zeros((b * beam, 1), jnp.int32), {}, 0)
-  seqs, _ = beam_search(step, cache, b, beam, max_len, alpha, EOS)
+  seqs, _ = beam_search(step, cache, b, beam, max_len, alpha, EOS,
+                        valid=jnp.any(inputs > 0, axis=-1))
   return seqs
 
 
