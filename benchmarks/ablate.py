@@ -2,6 +2,9 @@
 
   ./run.sh ablate resnet [--config=cpu] [--ablate_steps=10] [--ablate_rounds=3] [--flag=value]
 
+`--ablate_steps=0` only compiles: collectives and memory of models too big to time here (SSD at
+300x300, ResNet-34 backbone).
+
 For every variant (mesh, layout, optimizations; the benchmark config module's ABLATIONS) it
 compiles the benchmark's step and reports
 collective bytes by kind, memory per device, optimizer-state bytes per device, the median step
@@ -21,7 +24,8 @@ from absl import flags
 from benchmarks import main as cli
 
 FLAGS = flags.FLAGS
-flags.DEFINE_integer("ablate_steps", 10, "Timed training steps per variant per round.")
+flags.DEFINE_integer("ablate_steps", 10, "Timed training steps per variant per round "
+                     "(0: compile only, no timing).")
 flags.DEFINE_integer("ablate_rounds", 3, "Interleaved timing rounds.")
 flags.DEFINE_string("ablate_json", None, "Also write the results to this JSON file.")
 
@@ -37,18 +41,18 @@ def ablate(cfg, build, variants, steps: int, rounds: int) -> list[dict]:
     c = dataclasses.replace(cfg, mesh=mesh, layout=layout, optimizations=opts)
     sharder, plan = train.build_sharder(c)
     task = build(c, replicas=sharder.batch_size_divisor("batch"))
-    batches = [b for _, b in zip(range(steps), task.data.train(0))]
+    batches = [b for _, b in zip(range(max(steps, 1)), task.data.train(0))]
     program, state = step_lib.compile_program(task, sharder, c.seed, batches[0],
                                               next(iter(task.data.eval())), 1, plan)
     batches = [step_lib.global_batch(b, program.batch_shardings) for b in batches]
-    for b in batches[:2]:   # warm up
+    for b in batches[:2] if steps else []:   # warm up
       state, m = program.train(state, b)
-    jax.block_until_ready(m)
+      jax.block_until_ready(m)
     runs.append({"label": label, "mesh": mesh, "layout": str(plan.layout), "optimizations": opts,
                  "program": program, "state": state, "batches": batches, "task": task,
                  "step_s": [], "eval_s": []})
     print(f"compiled {label} ({mesh}) in {program.compile_s:.1f}s", flush=True)
-  for r in range(rounds):
+  for r in range(rounds if steps else 0):
     for run in runs:
       for b in run["batches"]:
         t = time.perf_counter()
@@ -71,18 +75,19 @@ def ablate(cfg, build, variants, steps: int, rounds: int) -> list[dict]:
         "collective_counts": {k: v["count"] for k, v in cost["collectives"].items()},
         "argument_bytes": mem.get("argument_bytes"), "temp_bytes": mem.get("temp_bytes"),
         "opt_state_bytes": cost_lib.bytes_per_device(run["state"]["opt_state"]),
-        "step_ms": 1e3 * statistics.median(run["step_s"]),
-        "eval_ms": 1e3 * statistics.median(run["eval_s"]),
+        "step_ms": 1e3 * statistics.median(run["step_s"]) if run["step_s"] else None,
+        "eval_ms": 1e3 * statistics.median(run["eval_s"]) if run["eval_s"] else None,
     }
     b = base.setdefault(run["mesh"], row)
-    row["step_ratio"] = row["step_ms"] / b["step_ms"]
-    row["eval_ratio"] = row["eval_ms"] / b["eval_ms"]
+    row["step_ratio"] = row["step_ms"] / b["step_ms"] if steps else None
+    row["eval_ratio"] = row["eval_ms"] / b["eval_ms"] if steps else None
     rows.append(row)
   return rows
 
 
 def table(rows: list[dict]) -> str:
   kb = lambda n: f"{n / 1024:,.0f}"
+  ms = lambda t, ratio, fmt: "-" if t is None else f"{t:{fmt}} ({ratio:.2f})"
   head = ("| variant | mesh | all-reduce KiB | reduce-scatter KiB | all-gather KiB | "
           "coll.-permute KiB | args KiB/dev | opt state KiB/dev | temps KiB/dev | "
           "step ms (ratio) | eval ms (ratio) |")
@@ -95,8 +100,8 @@ def table(rows: list[dict]) -> str:
         f"{kb(c['reduce-scatter'])} ({n['reduce-scatter']}) | {kb(c['all-gather'])} "
         f"({n['all-gather']}) | {kb(c['collective-permute'])} ({n['collective-permute']}) | "
         f"{kb(r['argument_bytes'])} | {kb(r['opt_state_bytes'])} | {kb(r['temp_bytes'])} | "
-        f"{r['step_ms']:.1f} "
-        f"({r['step_ratio']:.2f}) | {r['eval_ms']:.0f} ({r['eval_ratio']:.2f}) |")
+        f"{ms(r['step_ms'], r['step_ratio'], '.1f')} | "
+        f"{ms(r['eval_ms'], r['eval_ratio'], '.0f')} |")
   return "\n".join(lines)
 
 

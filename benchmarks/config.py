@@ -27,6 +27,7 @@ class Common:
   eval_batch_size: int = 0          # 0: same as global_batch_size
   max_epochs: int = 10
   eval_every: int = 1               # epochs per block; evaluation after each block
+  eval_epochs: str = ""             # e.g. "40,50,55": evaluate after these epochs (and the last)
   seed: int = 0
   # Data.
   dataset: str = ""
@@ -49,11 +50,28 @@ def preset(presets: dict[str, Any], name: str, benchmark: str) -> Any:
   return presets[name]
 
 
+def eval_points(c: Common) -> tuple[int, ...]:
+  """The epochs after which a run evaluates: every `eval_every` epochs, or the `eval_epochs`
+  list; always the last epoch."""
+  if c.eval_epochs.strip():
+    try:
+      listed = sorted({int(t) for t in c.eval_epochs.split(",") if t.strip()})
+    except ValueError:
+      raise UserError(f"--eval_epochs={c.eval_epochs}: a comma-separated list of epochs") from None
+    if listed and listed[0] < 1:
+      raise UserError(f"--eval_epochs={c.eval_epochs}: epochs count from 1")
+    points = [e for e in listed if e < c.max_epochs]
+  else:
+    points = list(range(c.eval_every, c.max_epochs, c.eval_every))
+  return tuple(points) + (c.max_epochs,)
+
+
 def validate_common(c: Common) -> None:
   if c.dtype not in ("float32", "bfloat16", "float64"):
     raise UserError(f"--dtype={c.dtype}: choose float32 or bfloat16 (float64: exactness checks)")
   for field in ("global_batch_size", "max_epochs", "eval_every"):
     if getattr(c, field) <= 0:
       raise UserError(f"--{field} must be positive (got {getattr(c, field)})")
+  eval_points(c)
   if c.eval_batch_size < 0:
     raise UserError(f"--eval_batch_size must be >= 0 (got {c.eval_batch_size})")

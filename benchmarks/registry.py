@@ -22,4 +22,5 @@ class Entry:
 BENCHMARKS = {
     "resnet": Entry("benchmarks.resnet.config", "benchmarks.resnet.suite"),
     "transformer": Entry("benchmarks.transformer.config", "benchmarks.transformer.suite"),
+    "ssd": Entry("benchmarks.ssd.config", "benchmarks.ssd.suite"),
 }

@@ -22,6 +22,7 @@ from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 from benchmarks.task import Task
 from mesh import collectives as coll
 from mesh import cost
+from mesh.errors import UserError
 from mesh.sharding import Sharder, follow_params, manual, names_of, spec_entry, use
 from optimizations import Plan, batch_axes
 
@@ -161,6 +162,8 @@ def compile_program(task: Task, sharder: Sharder, seed: int, train_example: dict
   t0 = time.time()
   with use(sharder):
     state = jax.jit(init_state, out_shardings=state_shardings)(init_rng)
+    if task.warm_start is not None:
+      state = _warm_start(state, task.warm_start())
     state_shapes = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
     train_c = jax.jit(
@@ -176,6 +179,27 @@ def compile_program(task: Task, sharder: Sharder, seed: int, train_example: dict
   return Program(sharder, plan, state_shardings, state_shapes, batch_shardings, train_c, eval_c,
                  eval_device, task.host_stats, compile_s, cost.analyze(train_c),
                  cost.analyze(eval_c) if eval_c else {}), state
+
+
+def _warm_start(state, partial: dict):
+  """`state` with the values of `partial` ({"params": ..., "model_state": ...} nested dicts of
+  host arrays) at their paths, placed with each replaced leaf's sharding."""
+  def put(target, value, path):
+    if isinstance(value, dict):
+      if not isinstance(target, dict):
+        raise UserError(f"warm start: {path} is not a subtree of the model")
+      out = dict(target)
+      for k, v in value.items():
+        if k not in target:
+          raise UserError(f"warm start: the model has no {path}/{k}")
+        out[k] = put(target[k], v, f"{path}/{k}")
+      return out
+    value = np.asarray(value, target.dtype)
+    if value.shape != target.shape:
+      raise UserError(f"warm start: {path} has shape {value.shape} but the model's is "
+                      f"{target.shape}; the weights are for another model size")
+    return jax.make_array_from_callback(target.shape, target.sharding, lambda i: value[i])
+  return {**state, **{k: put(state[k], v, k) for k, v in partial.items()}}
 
 
 def _compile_eval(task: Task, sharder: Sharder, plan: Plan, state_shapes, batch_shardings,
@@ -225,10 +249,23 @@ def _local_rows(program: Program, x: jax.Array) -> np.ndarray:
       x, program.sharder.mesh, x.sharding.spec))
 
 
-def evaluate(program: Program, state, batches) -> dict[str, float]:
-  """Sums the eval statistics over all batches (and, when each process has its own sums, over
-  processes)."""
+def _gather_rows(x: np.ndarray) -> np.ndarray:
+  """Every process's rows of a host array (processes may hold different numbers of rows)."""
+  from jax.experimental import (
+    multihost_utils,  # pylint: disable=import-outside-toplevel
+  )
+  counts = multihost_utils.process_allgather(np.array([len(x)]))[:, 0]
+  pad = np.zeros((int(counts.max()) - len(x),) + x.shape[1:], x.dtype)
+  every = multihost_utils.process_allgather(np.concatenate([x, pad]))
+  return np.concatenate([rows[:n] for rows, n in zip(every, counts)])
+
+
+def evaluate(program: Program, state, batches) -> dict[str, Any]:
+  """Reduces the eval statistics over all batches (and, when each process has its own, over
+  processes): numbers are summed, arrays (host_stats' per-example records, e.g. detections)
+  concatenated."""
   totals: dict[str, float] = {}
+  records: dict[str, list[np.ndarray]] = {}
   if program.eval_device is None:
     params, model_state = state["params"], state["model_state"]
     put = lambda local: global_batch(local, program.batch_shardings)
@@ -244,13 +281,21 @@ def evaluate(program: Program, state, batches) -> dict[str, float]:
     else:
       stats = program.host_stats(jax.tree.map(lambda x: _local_rows(program, x), out), local)
     for k, v in stats.items():
-      totals[k] = totals.get(k, 0.0) + float(v)
+      if np.ndim(v):
+        records.setdefault(k, []).append(np.asarray(v))
+      else:
+        totals[k] = totals.get(k, 0.0) + float(v)
   per_process = program.eval_device is not None or program.host_stats is not None
-  if per_process and jax.process_count() > 1:
+  multi = per_process and jax.process_count() > 1
+  if multi and totals:
     from jax.experimental import (
       multihost_utils,  # pylint: disable=import-outside-toplevel
     )
     keys = sorted(totals)
     summed = multihost_utils.process_allgather(np.array([totals[k] for k in keys])).sum(0)
     totals = dict(zip(keys, map(float, summed)))
-  return totals
+  out: dict[str, Any] = dict(totals)
+  for k in sorted(records):
+    rows = np.concatenate(records[k])
+    out[k] = _gather_rows(rows) if multi else rows
+  return out

@@ -17,6 +17,7 @@ from typing import Any, Callable
 import jax
 
 import optimizations
+from benchmarks.config import eval_points
 from benchmarks.step import compile_program, evaluate, global_batch
 from benchmarks.task import Task
 from logs.mlperf import C, MLPerfLog
@@ -178,7 +179,7 @@ def run(cfg, build: Callable[..., Task], opts: RunOptions) -> dict[str, Any]:
   metrics: dict = {}
   try:
     while epochs_done < cfg.max_epochs:
-      count = min(cfg.eval_every, cfg.max_epochs - epochs_done)
+      count = min(e for e in eval_points(cfg) if e > epochs_done) - epochs_done
       log.start(C.BLOCK_START, metadata={C.FIRST_EPOCH_NUM: epochs_done + 1,
                                          C.EPOCH_COUNT: count})
       for epoch in range(epochs_done, epochs_done + count):

@@ -7,10 +7,15 @@ import sys
 import tempfile
 import time
 
-os.environ["XLA_FLAGS"] = " ".join(
-    [f for f in os.environ.get("XLA_FLAGS", "").split()
-     if not f.startswith("--xla_force_host_platform_device_count")]
-    + ["--xla_force_host_platform_device_count=8"])
+# Tests compile many tiny programs and run each for a few steps: XLA's backend optimization
+# level 0 compiles them about 3x faster (measured: a ResNet step 21 s -> 7.6 s) and changes no
+# HLO, collective or memory figure. Runs started by tests in subprocesses (the CPU defaults)
+# use the normal level.
+_flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
+          if not f.startswith("--xla_force_host_platform_device_count")]
+if not any(f.startswith("--xla_backend_optimization_level") for f in _flags):
+  _flags.append("--xla_backend_optimization_level=0")
+os.environ["XLA_FLAGS"] = " ".join(_flags + ["--xla_force_host_platform_device_count=8"])
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Many tests compile the same small programs (a baseline, a run and its resumed run): one
 # persistent compilation cache per test session, shared by the xdist workers and the runs they

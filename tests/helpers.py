@@ -32,7 +32,7 @@ def sharder(mesh: str, layout: str) -> Sharder:
 def single_device_baseline(task, seed: int, batches):
   """Plain jax on one device: no mesh, no shardings, no layout. Returns (losses, params)."""
   init_rng, train_rng = jax.random.split(jax.random.PRNGKey(seed))
-  variables = nn.meta.unbox(task.init(init_rng))
+  variables = nn.meta.unbox(jax.jit(task.init)(init_rng))
   params = variables.pop("params")
   model_state = variables
   opt_state = task.optimizer.init(params)

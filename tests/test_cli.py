@@ -33,7 +33,7 @@ def run_main(*args, cwd=ROOT):
     (["resnet", "--dataset=cifar"], "--dataset=cifar: choose one of"),
     (["resnet", "--config=tpu-v9"], "unknown --config 'tpu-v9'"),
     (["resnet", "--model_depth=51"], "--model_depth=51: choose one of"),
-    (["bert"], "benchmark one of resnet, transformer"),
+    (["bert"], "benchmark one of resnet, transformer, ssd"),
     (["resnet", "--optimizations=turbo"], "unknown optimization 'turbo'"),
     (["resnet", "--optimizations=grad_sum_2d"], "needs the batch split over two mesh axes"),
     (["transformer", "--dataset=text"], "reads --data_dir, which is not set"),
@@ -42,6 +42,9 @@ def run_main(*args, cwd=ROOT):
      "not divisible by mesh axes model"),
     (["transformer", "--vocab_size=5000"], "choose a smaller --vocab_size"),
     (["transformer", "--truncation=cut"], "--truncation=cut: choose discard or truncate"),
+    (["ssd", "--dataset=coco"], "--dataset=coco needs --data_dir"),
+    (["ssd", "--extra_blocks=2,3,2,2"], "each entry is 2 (stride 2) or 0 (unpadded)"),
+    (["ssd", "--extra_blocks=2,2,0,0"], "--image_size=128: image size 128 is too small"),
 ])
 def test_bad_input_one_line_exit_2(tmp_path, args, needle):
   out = tmp_path / "out"

@@ -25,11 +25,11 @@ STAGES = {  # depth -> (blocks per stage, bottleneck)
 }
 
 
-def _named(init, names):
+def named_init(init, names):
   return nn.with_logical_partitioning(init, names)
 
 
-def _param_dtype(dtype):
+def param_dtype(dtype):
   """float32 parameters and statistics, except float64 for float64 exactness checks."""
   return jnp.float64 if dtype == jnp.float64 else jnp.float32
 
@@ -49,12 +49,12 @@ class BatchNorm(nn.Module):
 
   @nn.compact
   def __call__(self, x, train: bool):
-    c, f = x.shape[-1], _param_dtype(self.dtype)
-    scale = self.param("scale", _named(nn.initializers.zeros if self.zero_scale
+    c, f = x.shape[-1], param_dtype(self.dtype)
+    scale = self.param("scale", named_init(nn.initializers.zeros if self.zero_scale
                                        else nn.initializers.ones, ("channels",)), (c,), f)
-    bias = self.param("bias", _named(nn.initializers.zeros, ("channels",)), (c,), f)
-    mean_v = self.variable("batch_stats", "mean", _named(jnp.zeros, ("channels",)), (c,), f)
-    var_v = self.variable("batch_stats", "var", _named(jnp.ones, ("channels",)), (c,), f)
+    bias = self.param("bias", named_init(nn.initializers.zeros, ("channels",)), (c,), f)
+    mean_v = self.variable("batch_stats", "mean", named_init(jnp.zeros, ("channels",)), (c,), f)
+    var_v = self.variable("batch_stats", "var", named_init(jnp.ones, ("channels",)), (c,), f)
     if train:
       b = x.shape[0]
       manual = manual_axes()
@@ -92,8 +92,8 @@ class BatchNorm(nn.Module):
 def conv(x, features: int, kernel: int, strides: int = 1, name: str | None = None, dtype=None):
   pad = kernel // 2
   y = nn.Conv(features, (kernel, kernel), (strides, strides), padding=[(pad, pad), (pad, pad)],
-              use_bias=False, dtype=dtype, param_dtype=_param_dtype(dtype), name=name,
-              kernel_init=_named(nn.initializers.variance_scaling(2.0, "fan_out", "normal"),
+              use_bias=False, dtype=dtype, param_dtype=param_dtype(dtype), name=name,
+              kernel_init=named_init(nn.initializers.variance_scaling(2.0, "fan_out", "normal"),
                                  (None, None, "in_channels", "channels")))(x)
   return constrain(y, ACT)
 
@@ -143,9 +143,9 @@ class ResNet(nn.Module):
       for j in range(blocks):
         x = Block(self.width * 2**i, 2 if (i > 0 and j == 0) else 1, bottleneck, self.bn_span,
                   self.dtype)(x, train)
-    f = _param_dtype(self.dtype)
+    f = param_dtype(self.dtype)
     x = constrain(jnp.mean(x.astype(f), axis=(1, 2)), ("batch", "channels"))
     x = nn.Dense(self.num_classes, dtype=f, param_dtype=f,
-                 kernel_init=_named(nn.initializers.normal(0.01), ("in_channels", "classes")),
-                 bias_init=_named(nn.initializers.zeros, ("classes",)))(x)
+                 kernel_init=named_init(nn.initializers.normal(0.01), ("in_channels", "classes")),
+                 bias_init=named_init(nn.initializers.zeros, ("classes",)))(x)
     return constrain(x, ("batch", "classes"))

@@ -1,0 +1,181 @@
+"""ResNet weights for warm starts: one .npz file, or the latest orbax checkpoint of a run.
+
+The variables are the Flax ones of `benchmarks.resnet.model.ResNet`:
+{"params": {"stem": {"kernel"}, "BatchNorm_0": {"scale", "bias"}, "Block_0": {...}, ...,
+"Dense_0": {"kernel", "bias"}}, "batch_stats": {"BatchNorm_0": {"mean", "var"}, ...}}.
+
+- `save_npz(variables, path)` writes them as one .npz whose keys are the paths joined by "/",
+  e.g. "params/Block_0/Conv_0/kernel" (what `convert_torch` writes from torchvision weights).
+- `load(path)` reads such an .npz, or a training run's orbax checkpoint (the run's output_dir,
+  its checkpoints/ folder or one step folder; the latest step is taken), as numpy arrays on the
+  host. SSD's backbone loads ImageNet-pretrained ResNet-34 weights through it.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import zipfile
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from mesh.errors import UserError
+
+COLLECTIONS = ("params", "batch_stats")
+_SOURCES = ("pass an .npz from `python -m benchmarks.resnet.convert_torch` or `save_npz`, or a "
+            "training run's output_dir, its checkpoints/ folder or one step folder")
+
+
+def _flatten(tree: Mapping, prefix: str, out: dict[str, np.ndarray]) -> None:
+  for k, v in tree.items():
+    if not isinstance(k, str) or not k or "/" in k:
+      raise UserError(f"cannot save variable name {k!r} under {prefix!r}: names must be "
+                      "non-empty strings without '/'")
+    name = f"{prefix}/{k}"
+    if isinstance(v, Mapping):
+      _flatten(v, name, out)
+    else:
+      v = v.unbox() if hasattr(v, "unbox") else v      # flax LogicallyPartitioned boxes
+      out[name] = np.asarray(v)
+
+
+def _unflatten(flat: Mapping[str, np.ndarray], where: str) -> dict[str, Any]:
+  tree: dict[str, Any] = {}
+  for name, value in flat.items():
+    *parents, leaf = name.split("/")
+    node = tree
+    for p in parents:
+      node = node.setdefault(p, {})
+      if not isinstance(node, dict):
+        raise UserError(f"{where}: '{name}' lies under an array; not ResNet weights")
+    if leaf in node:
+      raise UserError(f"{where}: '{name}' is both an array and a group; not ResNet weights")
+    node[leaf] = value
+  return tree
+
+
+def _check_resnet(variables: Mapping, where: str, hint: str = "") -> None:
+  """Raises UserError unless `variables` look like this harness's ResNet variables."""
+  hint = f" ({hint})" if hint else ""
+  missing = [c for c in COLLECTIONS if not isinstance(variables.get(c), Mapping)]
+  if missing:
+    raise UserError(f"{where}: no {' or '.join(missing)} in it; not ResNet weights{hint}")
+  params, stats = variables["params"], variables["batch_stats"]
+  stem = params.get("stem")
+  shape = getattr(stem.get("kernel"), "shape", None) if isinstance(stem, Mapping) else None
+  if shape is None or len(shape) != 4 or shape[2] != 3:
+    raise UserError(f"{where}: no params/stem/kernel of shape (7, 7, 3, width); not weights of "
+                    f"this harness's ResNet{hint}")
+  if not isinstance(stats.get("BatchNorm_0"), Mapping) or "Block_0" not in params:
+    raise UserError(f"{where}: no batch_stats/BatchNorm_0 or params/Block_0; not weights of this "
+                    f"harness's ResNet{hint}")
+
+
+def save_npz(variables: Mapping, path: str) -> None:
+  """Writes {"params", "batch_stats"} (nested dicts of arrays) to one .npz, atomically."""
+  extra = sorted(set(variables) - set(COLLECTIONS))
+  if extra:
+    raise UserError(f"save_npz saves only {' and '.join(COLLECTIONS)}; got also {extra}")
+  flat: dict[str, np.ndarray] = {}
+  for c in COLLECTIONS:
+    if isinstance(variables.get(c), Mapping):
+      _flatten(variables[c], c, flat)
+  _check_resnet(_unflatten(flat, "save_npz"), "save_npz")
+  path = os.path.abspath(os.path.expanduser(path))
+  folder = os.path.dirname(path)
+  os.makedirs(folder, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=folder)
+  try:
+    with os.fdopen(fd, "wb") as f:    # a file object: np.savez adds no ".npz" to the name
+      np.savez(f, **flat)
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
+
+
+def _load_npz(path: str) -> dict[str, Any]:
+  hint = ("; a torchvision .pth needs converting first: python -m benchmarks.resnet.convert_torch"
+          if path.endswith((".pth", ".pt")) else f"; {_SOURCES}")
+  try:
+    with open(path, "rb") as f:
+      if f.read(2) != b"PK":
+        raise UserError(f"{path}: not an .npz file (not a zip archive){hint}")
+    with np.load(path, allow_pickle=False) as npz:        # a zip: always an NpzFile
+      flat = {k: npz[k] for k in npz.files}
+  except UserError:
+    raise
+  except (OSError, EOFError, ValueError, zipfile.BadZipFile) as e:
+    raise UserError(f"{path}: not an .npz file of arrays ({type(e).__name__}: {e}){hint}") from None
+  bad = [k for k in flat if k.split("/", 1)[0] not in COLLECTIONS or "/" not in k]
+  if bad:
+    raise UserError(f"{path}: key '{bad[0]}' is not params/... or batch_stats/...; not ResNet "
+                    f"weights{hint}")
+  return _unflatten(flat, path)
+
+
+def _item_dir(path: str) -> str:
+  """The orbax item folder (<step>/default) of the latest step under `path`."""
+  import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+  is_item = lambda p: os.path.isfile(os.path.join(p, "_METADATA"))
+  if os.path.isdir(os.path.join(path, "checkpoints")):
+    path = os.path.join(path, "checkpoints")
+  if is_item(path):
+    return path
+  if is_item(os.path.join(path, "default")):
+    return os.path.join(path, "default")
+  steps = ocp.utils.checkpoint_steps_paths(path)
+  if not steps:
+    raise UserError(f"{path}: no finished orbax checkpoint step in this folder; {_SOURCES}")
+  latest = max(steps, key=lambda p: ocp.utils.step_from_checkpoint_name(p.name))
+  if not is_item(os.path.join(str(latest), "default")):
+    raise UserError(f"{latest}: no default/ item; not a checkpoint of this harness's training "
+                    "loop (benchmarks/train.py)")
+  return os.path.join(str(latest), "default")
+
+
+def _load_orbax(path: str) -> dict[str, Any]:
+  """Only params and model_state of the saved train state, as numpy arrays on the host."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+  from etils import epath  # pylint: disable=import-outside-toplevel
+  item_dir = _item_dir(path)
+  handler = ocp.PyTreeCheckpointHandler()
+  try:
+    try:
+      tree = handler.metadata(epath.Path(item_dir)).tree
+    except Exception as e:  # pylint: disable=broad-except
+      raise UserError(f"{item_dir}: cannot read the orbax checkpoint's metadata "
+                      f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+    if not (isinstance(tree, Mapping) and isinstance(tree.get("params"), Mapping)
+            and isinstance(tree.get("model_state"), Mapping)):
+      raise UserError(f"{item_dir}: no params and model_state in the checkpoint; not a train "
+                      "state saved by benchmarks/train.py")
+    stats = tree["model_state"].get("batch_stats")
+    _check_resnet({"params": tree["params"], "batch_stats": stats}, item_dir, _SOURCES)
+    item = {"params": tree["params"], "model_state": {"batch_stats": stats}}
+    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), item)
+    try:
+      out = handler.restore(epath.Path(item_dir), args=ocp.args.PyTreeRestore(
+          item=item, restore_args=restore_args, partial_restore=True))
+    except Exception as e:  # pylint: disable=broad-except
+      raise UserError(f"{item_dir}: cannot restore the orbax checkpoint "
+                      f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+  finally:
+    handler.close()
+  return {"params": out["params"], "batch_stats": out["model_state"]["batch_stats"]}
+
+
+def load(path: str) -> dict[str, Any]:
+  """{"params", "batch_stats"} as nested dicts of numpy arrays, from an .npz written by
+  `save_npz` or from the latest orbax checkpoint under a run's output_dir, its checkpoints/
+  folder, or one step folder."""
+  path = os.path.abspath(os.path.expanduser(path))
+  if not os.path.exists(path):
+    raise UserError(f"{path} does not exist; {_SOURCES}")
+  variables = _load_orbax(path) if os.path.isdir(path) else _load_npz(path)
+  _check_resnet(variables, path, _SOURCES)
+  return variables

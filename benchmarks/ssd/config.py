@@ -1,0 +1,119 @@
+"""SSD-ResNet34 (COCO) hyperparameters and presets (no jax import here)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from benchmarks.config import Common
+from mesh.errors import UserError
+
+DATASETS = ("coco", "shapes")
+DEPTHS = (10, 18, 34)   # ResNet backbones with basic blocks (10: tests)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config(Common):
+  # Data.
+  dataset: str = "coco"
+  image_size: int = 300
+  num_classes: int = 81             # categories + background
+  shapes_train: int = 3000          # --dataset=shapes: images written on first use
+  shapes_eval: int = 300
+  crop_trials: int = 1              # IoU-constrained crop attempts per image (MLPerf max_samples)
+  # Model: ResNet backbone (conv5 removed, no downsampling in conv4_1), extra blocks, heads.
+  backbone_depth: int = 34
+  backbone_width: int = 64          # channels of conv2_x (64 in ResNet-34)
+  backbone_checkpoint: str = ""     # ResNet weights (.npz from convert_torch, or a resnet run)
+  extra_blocks: str = "2,2,2,0,0"   # per extra feature map: 2 = 3x3 stride 2, 0 = 3x3 unpadded
+  anchor_steps: str = "8,16,32,64,100,300"
+  anchor_scales: str = "21,45,99,153,207,261,315"   # pixels; one more than feature maps
+  aspect_ratios: str = "2;2,3;2,3;2,3;2;2"          # per feature map
+  bn_span: int = 0                  # examples per batch-norm group; 0: the per-replica batch
+  # Loss and detection.
+  match_iou: float = 0.5
+  negative_ratio: int = 3
+  nms_iou: float = 0.5
+  min_score: float = 0.05
+  max_detections: int = 200         # per image, after NMS over all classes
+  nms_candidates: int = 200         # best boxes per class that enter NMS
+  # Optimizer: SGD with momentum, linear warmup, x0.1 at the decay boundaries.
+  base_learning_rate: float = 2.5e-3   # per 32 images; the run uses base * batch / 32
+  warmup_steps: int = 0
+  warmup_factor: float = 0.0
+  decay_epochs: str = "40,50"
+  weight_decay: float = 5e-4
+  momentum: float = 0.9
+  target_map: float = 0.23
+
+
+PRESETS = {
+    # 8 simulated CPU devices; a detection dataset of colored shapes written in COCO layout on
+    # first use (benchmarks/ssd/shapes.py); a ResNet-18-style backbone of width 16 on 128x128
+    # images: feature maps 16, 8, 4, 2, 1.
+    "cpu": Config(
+        num_cpu_devices=8, mesh="data:-1", layout="batch:data", dataset="shapes",
+        optimizations="distributed_eval", image_size=128, num_classes=4, backbone_depth=18,
+        backbone_width=16, extra_blocks="2,2,2,2", anchor_steps="8,16,32,64,128",
+        anchor_scales="13,26,51,77,102,128", aspect_ratios="2;2,3;2,3;2;2",
+        global_batch_size=32, eval_batch_size=64, max_epochs=12,
+        eval_epochs="4,5,6,7,8,9,10,11,12",
+        base_learning_rate=0.04, warmup_steps=100, decay_epochs="9,11", weight_decay=5e-4,
+        target_map=0.5),
+    # MLPerf v0.6 on a full TPU-v3 pod (REFERENCE.md): 1024 chips, batch 2048, 4-way spatial
+    # partitioning of each replica's images, distributed batch norm over 64 images.
+    "tpu-v3-2048": Config(
+        num_cpu_devices=0, mesh="data:512,spatial:4", layout="batch:data", dataset="coco",
+        optimizations="spatial_partitioning,distributed_eval", dtype="bfloat16",
+        global_batch_size=2048, eval_batch_size=2048, max_epochs=80,
+        eval_epochs="40,50,55,60,65,70,75,80", base_learning_rate=2.5e-3, warmup_steps=1160,
+        decay_epochs="56,70", bn_span=64, target_map=0.23),
+}
+
+
+# `./run.sh ablate ssd`: (label, mesh, layout, optimizations); the first row of each mesh is its
+# baseline.
+ABLATIONS = (
+    ("data-parallel", "data:8", "batch:data", "none"),
+    ("+ distributed_eval", "data:8", "batch:data", "distributed_eval"),
+    ("spatial axis idle", "data:2,spatial:4", "batch:data", "none"),
+    ("+ spatial_partitioning", "data:2,spatial:4", "batch:data", "spatial_partitioning"),
+)
+
+
+def ints(text: str, what: str) -> tuple[int, ...]:
+  try:
+    return tuple(int(t) for t in text.split(",") if t.strip())
+  except ValueError:
+    raise UserError(f"--{what}={text}: a comma-separated list of integers") from None
+
+
+def ratios(text: str) -> tuple[tuple[int, ...], ...]:
+  return tuple(ints(part, "aspect_ratios") for part in text.split(";"))
+
+
+def validate(c: Config) -> None:
+  if c.dataset not in DATASETS:
+    raise UserError(f"--dataset={c.dataset}: choose one of {', '.join(DATASETS)}")
+  if c.backbone_depth not in DEPTHS:
+    raise UserError(f"--backbone_depth={c.backbone_depth}: choose one of "
+                    f"{', '.join(map(str, DEPTHS))}")
+  extra = ints(c.extra_blocks, "extra_blocks")
+  if any(e not in (0, 2) for e in extra):
+    raise UserError(f"--extra_blocks={c.extra_blocks}: each entry is 2 (stride 2) or 0 (unpadded)")
+  maps = 1 + len(extra)
+  for name, n in (("anchor_steps", maps), ("anchor_scales", maps + 1)):
+    got = len(ints(getattr(c, name), name))
+    if got != n:
+      raise UserError(f"--{name}={getattr(c, name)}: {n} values needed for {maps} feature maps "
+                      f"(--extra_blocks={c.extra_blocks}), got {got}")
+  if len(ratios(c.aspect_ratios)) != maps:
+    raise UserError(f"--aspect_ratios={c.aspect_ratios}: one ';'-separated group per feature "
+                    f"map ({maps})")
+  decay = ints(c.decay_epochs, "decay_epochs")
+  if len(decay) != 2 or decay[0] >= decay[1]:
+    raise UserError(f"--decay_epochs={c.decay_epochs}: two increasing epochs (MLPerf: 40,50)")
+  if not 0 < c.target_map < 1:
+    raise UserError(f"--target_map={c.target_map}: a fraction in (0, 1)")
+  for name in ("crop_trials", "nms_candidates", "max_detections"):
+    if getattr(c, name) < 1:
+      raise UserError(f"--{name} must be at least 1 (got {getattr(c, name)})")

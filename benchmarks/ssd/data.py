@@ -1,0 +1,214 @@
+"""COCO 2017 detection data for SSD: the standard folder layout, the MLPerf SSD augmentation
+(IoU-constrained random crop, horizontal flip), resize, and box matching against the default
+boxes, on a pool of host threads.
+
+`--data_dir` holds `annotations/instances_{train,val}2017.json`, `train2017/`, `val2017/`.
+Each process reads its own share of the images. Training skips images without (non-crowd)
+objects, as the MLPerf reference does (117,266 of COCO's 118,287); evaluation covers every
+validation image (5,000).
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import json
+import os
+from typing import Iterator
+
+import numpy as np
+from PIL import Image
+
+from benchmarks.data import Data, num_steps, padded, process_indices
+from benchmarks.ssd import boxes as box_lib
+from benchmarks.ssd import shapes
+from mesh.errors import UserError
+
+NAMES = {"image": ("batch", "height", "width", None), "boxes": ("batch", None, None),
+         "labels": ("batch", None), "image_id": ("batch",), "size": ("batch", None),
+         "mask": ("batch",)}
+CROP_OPTIONS = (None, (0.1, None), (0.3, None), (0.5, None), (0.7, None), (0.9, None),
+                (None, None))
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+  folder: str                     # image folder
+  images: tuple[dict, ...]        # COCO image records (id, file_name, height, width)
+  boxes: dict[int, np.ndarray]    # image id -> (n, 4) ltrb, normalized, non-crowd objects
+  labels: dict[int, np.ndarray]   # image id -> (n,) contiguous labels 1..K
+  coco: dict                      # the annotation json (ground truth for COCO evaluation)
+
+
+def read_split(root: str, split: str, category_ids: tuple[int, ...] | None = None) -> Split:
+  """Reads `annotations/instances_<split>.json`; labels number the categories 1..K in id order
+  (or in `category_ids`' order)."""
+  path = os.path.join(root, "annotations", f"instances_{split}.json")
+  folder = os.path.join(root, split)
+  if not os.path.isfile(path):
+    raise UserError(f"no {path}: --data_dir must hold COCO 2017 in its standard layout "
+                    f"(annotations/instances_{{train,val}}2017.json, train2017/, val2017/)")
+  if not os.path.isdir(folder):
+    raise UserError(f"no image folder {folder} next to {path}")
+  try:
+    with open(path) as f:
+      coco = json.load(f)
+    cats = category_ids or tuple(sorted(c["id"] for c in coco["categories"]))
+    label_of = {cid: i + 1 for i, cid in enumerate(cats)}
+    size = {im["id"]: (im["width"], im["height"]) for im in coco["images"]}
+    per_image = collections.defaultdict(list)
+    for a in coco["annotations"]:
+      if a.get("iscrowd", 0) or a["bbox"][2] <= 0 or a["bbox"][3] <= 0:
+        continue
+      w, h = size[a["image_id"]]
+      x, y, bw, bh = a["bbox"]
+      per_image[a["image_id"]].append(
+          ((x / w, y / h, (x + bw) / w, (y + bh) / h), label_of[a["category_id"]]))
+  except (KeyError, ValueError, TypeError) as e:
+    raise UserError(f"{path} is not a COCO instances file ({type(e).__name__}: {e})") from None
+  boxes = {i: np.clip(np.array([b for b, _ in v], np.float64), 0, 1) for i, v in per_image.items()}
+  labels = {i: np.array([c for _, c in v], np.int32) for i, v in per_image.items()}
+  images = tuple(sorted(coco["images"], key=lambda im: im["id"]))
+  return Split(folder, images, boxes, labels, coco)
+
+
+def random_crop(rng, image: Image.Image, boxes: np.ndarray, labels: np.ndarray, trials: int):
+  """The MLPerf SSD crop: pick a minimum IoU (or none, or keep the image); try `trials` crops of
+  30-100% of each side (aspect 1:2 to 2:1) whose IoU with every object clears it; keep the
+  objects whose centers fall inside. Repeats until one succeeds or the image is kept."""
+  while True:
+    mode = CROP_OPTIONS[rng.integers(len(CROP_OPTIONS))]
+    if mode is None:
+      return image, boxes, labels
+    lo = -np.inf if mode[0] is None else mode[0]
+    hi = np.inf if mode[1] is None else mode[1]
+    for _ in range(trials):
+      w, h = rng.uniform(0.3, 1.0), rng.uniform(0.3, 1.0)
+      if not 0.5 <= w / h <= 2:
+        continue
+      left, top = rng.uniform(0, 1 - w), rng.uniform(0, 1 - h)
+      crop = np.array([[left, top, left + w, top + h]])
+      ious = box_lib.iou(boxes, crop)
+      if not ((ious > lo) & (ious < hi)).all():
+        continue
+      cx, cy = (boxes[:, 0] + boxes[:, 2]) / 2, (boxes[:, 1] + boxes[:, 3]) / 2
+      inside = (cx > left) & (cx < left + w) & (cy > top) & (cy < top + h)
+      if not inside.any():
+        continue
+      b = (boxes[inside] - [left, top, left, top]) / [w, h, w, h]
+      b = np.clip(b, 0.0, 1.0)
+      W, H = image.size
+      image = image.crop((int(left * W), int(top * H), int((left + w) * W), int((top + h) * H)))
+      return image, b, labels[inside]
+
+
+class Pipeline:
+  """Loads, augments and encodes examples; batches on a pool of threads."""
+
+  def __init__(self, split: Split, image_size: int, anchors_xywh: np.ndarray, match_iou: float,
+               crop_trials: int, workers: int | None = None):
+    self.split, self.size, self.iou, self.trials = split, image_size, match_iou, crop_trials
+    self.anchors_xywh = anchors_xywh
+    self.anchors_ltrb = box_lib.xywh_to_ltrb(anchors_xywh)
+    self.pool = concurrent.futures.ThreadPoolExecutor(workers or min(8, os.cpu_count() or 1))
+
+  def _open(self, record: dict) -> Image.Image:
+    path = os.path.join(self.split.folder, record["file_name"])
+    try:
+      return Image.open(path).convert("RGB")
+    except OSError as e:
+      raise UserError(f"cannot read image {path}: {e}") from None
+
+  def train_example(self, record: dict, rng) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    image = self._open(record)
+    boxes, labels = self.split.boxes[record["id"]], self.split.labels[record["id"]]
+    image, boxes, labels = random_crop(rng, image, boxes, labels, self.trials)
+    if rng.random() < 0.5:
+      image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+      boxes = np.stack([1 - boxes[:, 2], boxes[:, 1], 1 - boxes[:, 0], boxes[:, 3]], 1)
+    image = np.asarray(image.resize((self.size, self.size), Image.Resampling.BILINEAR))
+    matched, labels = box_lib.match(boxes, labels, self.anchors_ltrb, self.iou)
+    return image, box_lib.encode(matched, labels, self.anchors_xywh).astype(np.float32), labels
+
+  def eval_example(self, record: dict) -> dict:
+    image = self._open(record).resize((self.size, self.size), Image.Resampling.BILINEAR)
+    return {"image": np.asarray(image), "image_id": np.int32(record["id"]),
+            "size": np.array([record["height"], record["width"]], np.float32)}
+
+  def batches(self, jobs, collate) -> Iterator[dict]:
+    """Batches in order, the next two loading while one is consumed."""
+    pending: collections.deque = collections.deque()
+    jobs = iter(jobs)
+    while True:
+      while len(pending) < 3:
+        job = next(jobs, None)
+        if job is None:
+          break
+        pending.append([self.pool.submit(*j) for j in job])
+      if not pending:
+        return
+      yield collate([f.result() for f in pending.popleft()])
+
+
+def _collate_train(examples) -> dict:
+  images, loc, labels = zip(*examples)
+  return {"image": np.stack(images), "boxes": np.stack(loc), "labels": np.stack(labels)}
+
+
+def _collate_eval(examples) -> dict:
+  return {k: np.stack([e[k] for e in examples]) for k in examples[0]}
+
+
+def make(cfg, anchors_xywh: np.ndarray, process_index: int = 0, process_count: int = 1
+         ) -> tuple[Data, Split, tuple[int, ...]]:
+  """(Data, the validation split (its COCO json is the ground truth), COCO category ids by
+  label - 1)."""
+  if cfg.dataset == "shapes":
+    cache = os.environ.get("MESHPERF_CACHE") or os.path.expanduser("~/.cache/meshperf")
+    root = cfg.data_dir or os.path.join(cache, f"ssd-shapes-{cfg.shapes_train}-{cfg.shapes_eval}")
+    shapes.ensure(root, cfg.shapes_train, cfg.shapes_eval)
+  else:
+    if not cfg.data_dir:
+      raise UserError("--dataset=coco needs --data_dir: the folder with annotations/, "
+                      "train2017/ and val2017/ (COCO 2017)")
+    if not os.path.isdir(cfg.data_dir):
+      raise UserError(f"--data_dir={cfg.data_dir} does not exist")
+    root = cfg.data_dir
+  val = read_split(root, "val2017")
+  category_ids = tuple(sorted(c["id"] for c in val.coco["categories"]))
+  train = read_split(root, "train2017", category_ids)
+  if len(category_ids) + 1 > cfg.num_classes:
+    raise UserError(f"{root} has {len(category_ids)} categories; --num_classes={cfg.num_classes} "
+                    f"must be at least {len(category_ids) + 1} (with background)")
+  train_images = [im for im in train.images if im["id"] in train.boxes]
+  if not train_images or not val.images:
+    raise UserError(f"{root}: no training images with objects, or no validation images")
+  g, ge = cfg.global_batch_size, cfg.eval_batch_size or cfg.global_batch_size
+  steps = len(train_images) // g
+  if steps == 0:
+    raise UserError(f"{len(train_images)} training images are fewer than one batch of {g}")
+  lb, leb = g // process_count, ge // process_count
+  pipe_train = Pipeline(train, cfg.image_size, anchors_xywh, cfg.match_iou, cfg.crop_trials)
+  pipe_eval = Pipeline(val, cfg.image_size, anchors_xywh, cfg.match_iou, cfg.crop_trials)
+  eval_steps = num_steps(len(val.images), ge)
+
+  def train_batches(epoch: int):
+    order = np.random.default_rng([cfg.seed, epoch]).permutation(len(train_images))
+    order = order[:steps * g].reshape(steps, g)[:, process_index * lb:(process_index + 1) * lb]
+    jobs = ([(pipe_train.train_example, train_images[i],
+              np.random.default_rng([cfg.seed, epoch, int(i)])) for i in row] for row in order)
+    return pipe_train.batches(jobs, _collate_train)
+
+  def eval_batches():
+    mine = [val.images[i] for i in process_indices(len(val.images), process_index,
+                                                    process_count)]
+    jobs = ([(pipe_eval.eval_example, r) for r in mine[lo:lo + leb]]
+            for lo in range(0, len(mine), leb))
+    example = _collate_eval([pipe_eval.eval_example(val.images[0])])
+    return padded(pipe_eval.batches(jobs, _collate_eval), leb, eval_steps, example)
+
+  data = Data(name=f"{cfg.dataset} ({root})", num_train=len(train_images),
+              num_eval=len(val.images), steps_per_epoch=steps, eval_steps=eval_steps,
+              train=train_batches, eval=eval_batches, names=NAMES)
+  return data, val, category_ids

@@ -1,0 +1,118 @@
+"""SSD-ResNet34 in Flax with named dimensions (MLPerf reference architecture).
+
+Backbone: ResNet conv1..conv4_x with conv5 removed and no downsampling in conv4_1 (stride 8:
+300 -> 38x38). Extra blocks (1x1 then 3x3, batch norm, ReLU) give the smaller maps (19, 10, 5
+with stride 2; 3 and 1 unpadded). Each map gets 3x3 heads for box offsets and class logits.
+Activations are (batch, height, width, channels), so `spatial_partitioning` splits the height
+of every map; maps of any size work (XLA pads shards that do not divide).
+
+The backbone's modules carry the names of `benchmarks.resnet.model.ResNet`'s ("stem",
+"BatchNorm_0", "Block_<k>"), so ResNet weights (this harness's ResNet runs or torchvision's,
+converted) load into it unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+from flax import linen as nn
+
+from benchmarks.resnet.model import (
+  ACT,
+  STAGES,
+  BatchNorm,
+  Block,
+  conv,
+  named_init,
+  param_dtype,
+)
+from mesh import constrain
+
+# ImageNet statistics (RGB, 0..255) the pretrained backbones expect.
+MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
+STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+
+
+class Backbone(nn.Module):
+  depth: int = 34
+  width: int = 64
+  bn_span: int | None = None
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, train: bool):
+    stages, bottleneck = STAGES[self.depth]
+    x = conv(x, self.width, 7, 2, name="stem", dtype=self.dtype)
+    x = nn.relu(BatchNorm(self.bn_span, dtype=self.dtype)(x, train))
+    x = nn.max_pool(x, (3, 3), (2, 2), padding=((1, 1), (1, 1)))
+    x = constrain(x, ACT)
+    for i, blocks in enumerate(stages[:3]):         # conv2_x .. conv4_x; conv5_x removed
+      for j in range(blocks):
+        stride = 2 if (i == 1 and j == 0) else 1    # conv4_1 keeps the resolution
+        x = Block(self.width * 2**i, stride, bottleneck, self.bn_span, self.dtype)(x, train)
+    return x
+
+
+class SSD(nn.Module):
+  num_classes: int                       # with background (81 for COCO)
+  boxes_per_cell: tuple[int, ...]        # per feature map
+  extra_blocks: tuple[int, ...] = (2, 2, 2, 0, 0)
+  depth: int = 34
+  width: int = 64
+  bn_span: int | None = None
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, image, train: bool):
+    """image: (batch, height, width, 3) uint8 RGB. Returns (offsets (batch, boxes, 4), logits
+    (batch, boxes, classes)) in default-box order, float32 (float64 under float64)."""
+    f = param_dtype(self.dtype)
+    x = (image.astype(f) - jnp.asarray(MEAN, f)) / jnp.asarray(STD, f)
+    x = constrain(x.astype(self.dtype), ("batch", "height", "width", None))
+    x = Backbone(self.depth, self.width, self.bn_span, self.dtype, name="Backbone")(x, train)
+    maps = [x]
+    scale = self.width / 64
+    outs = (512, 512, 256, 256, 256, 256)    # MLPerf channels at width 64, then repeated
+    mids = (256, 256, 128, 128, 128, 128)
+    for i, stride in enumerate(self.extra_blocks):
+      bn = lambda: BatchNorm(self.bn_span, dtype=self.dtype)
+      k = min(i, len(outs) - 1)
+      y = nn.relu(bn()(conv(x, int(mids[k] * scale), 1, dtype=self.dtype), train))
+      if stride:
+        y = conv(y, int(outs[k] * scale), 3, stride, dtype=self.dtype)
+      else:
+        y = constrain(nn.Conv(int(outs[k] * scale), (3, 3), padding="VALID", use_bias=False,
+                              dtype=self.dtype, param_dtype=f, kernel_init=named_init(
+                                  nn.initializers.variance_scaling(2.0, "fan_out", "normal"),
+                                  (None, None, "in_channels", "channels")))(y), ACT)
+      x = nn.relu(bn()(y, train))
+      maps.append(x)
+    if len(maps) != len(self.boxes_per_cell):
+      raise ValueError(f"{len(maps)} feature maps but {len(self.boxes_per_cell)} anchor groups")
+    locs, confs = [], []
+    for m, nd in zip(maps, self.boxes_per_cell):
+      head = lambda n: nn.Conv(n, (3, 3), padding=((1, 1), (1, 1)), dtype=self.dtype,
+                               param_dtype=f, kernel_init=named_init(nn.initializers.xavier_uniform(),
+                                                                 (None, None, "in_channels", None)),
+                               bias_init=named_init(nn.initializers.zeros, (None,)))
+      b = m.shape[0]
+      locs.append(head(nd * 4)(m).astype(f).reshape(b, -1, 4))
+      confs.append(head(nd * self.num_classes)(m).astype(f).reshape(b, -1, self.num_classes))
+    loc = constrain(jnp.concatenate(locs, 1), ("batch", None, None))
+    conf = constrain(jnp.concatenate(confs, 1), ("batch", None, None))
+    return loc, conf
+
+
+def feature_sizes(image_size: int, extra_blocks) -> tuple[int, ...]:
+  """Sizes of the square feature maps for this input size (38, 19, 10, 5, 3, 1 for 300)."""
+  s = (image_size + 6 - 7) // 2 + 1          # stem 7x7/2, padding 3
+  s = (s + 2 - 3) // 2 + 1                   # max pool 3x3/2, padding 1
+  s = (s + 2 - 3) // 2 + 1                   # conv3_1, stride 2
+  sizes = [s]
+  for stride in extra_blocks:
+    s = (s + 2 - 3) // 2 + 1 if stride else s - 2
+    if s < 1:
+      raise ValueError(f"image size {image_size} is too small for extra blocks {extra_blocks}")
+    sizes.append(s)
+  return tuple(sizes)

@@ -1,0 +1,103 @@
+"""The CPU default's detection dataset: colored shapes on textured backgrounds, written once in
+COCO 2017 layout (`annotations/instances_{train,val}2017.json`, `train2017/`, `val2017/` JPEGs),
+so it is read by exactly the code that reads COCO.
+
+Each image (160x128) holds 1 to 4 objects of three categories (circle, square, triangle), sized
+14 to 64 pixels, in random colors, possibly overlapping; boxes are the tight boxes of the drawn
+pixels and `area` their pixel count, as COCO's segment areas.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+CATEGORIES = ({"id": 1, "name": "circle"}, {"id": 3, "name": "square"},
+              {"id": 7, "name": "triangle"})   # non-contiguous ids, as COCO's
+WIDTH, HEIGHT = 160, 128
+
+
+def _background(rng) -> Image.Image:
+  """A two-color gradient at a random angle with pixel noise."""
+  y, x = np.mgrid[0:HEIGHT, 0:WIDTH] / max(WIDTH, HEIGHT)
+  angle = rng.uniform(0, 2 * np.pi)
+  t = (np.cos(angle) * x + np.sin(angle) * y)[..., None]
+  c0, c1 = rng.uniform(0, 255, (2, 3))
+  img = c0 * (1 - t) + c1 * t + rng.normal(0, 12, (HEIGHT, WIDTH, 3))
+  return Image.fromarray(np.clip(img, 0, 255).astype(np.uint8))
+
+
+def _draw(rng, image: Image.Image, category: int):
+  """Draws one shape; returns its mask (bool (H, W))."""
+  size = int(rng.uniform(14, 64))
+  x0, y0 = int(rng.integers(-size // 4, WIDTH - size * 3 // 4)), \
+      int(rng.integers(-size // 4, HEIGHT - size * 3 // 4))
+  w = size if category != 3 else int(size * rng.uniform(0.7, 1.3))
+  mask = Image.new("L", image.size, 0)
+  d = ImageDraw.Draw(mask)
+  if category == 1:
+    d.ellipse([x0, y0, x0 + w, y0 + size], fill=255)
+  elif category == 3:
+    d.rectangle([x0, y0, x0 + w, y0 + size], fill=255)
+  else:
+    d.polygon([(x0 + w / 2, y0), (x0, y0 + size), (x0 + w, y0 + size)], fill=255)
+  color = tuple(int(c) for c in rng.uniform(0, 255, 3))
+  image.paste(Image.new("RGB", image.size, color), (0, 0), mask)
+  return np.asarray(mask) > 127
+
+
+def _split(rng, n: int, folder: str, first_id: int) -> dict:
+  images, annotations = [], []
+  for i in range(n):
+    image_id = first_id + i
+    img = _background(rng)
+    masks, cats = [], []
+    for _ in range(int(rng.integers(1, 5))):
+      cat = int(rng.choice([c["id"] for c in CATEGORIES]))
+      m = _draw(rng, img, cat)
+      masks = [prev & ~m for prev in masks] + [m]      # later shapes occlude earlier ones
+      cats.append(cat)
+    name = f"{image_id:012d}.jpg"
+    img.save(os.path.join(folder, name), quality=92)
+    images.append({"id": image_id, "file_name": name, "width": WIDTH, "height": HEIGHT})
+    for m, cat in zip(masks, cats):
+      ys, xs = np.nonzero(m)
+      if len(xs) < 20:          # hidden or clipped away
+        continue
+      x, y = int(xs.min()), int(ys.min())
+      w, h = int(xs.max()) + 1 - x, int(ys.max()) + 1 - y
+      annotations.append({"id": len(annotations) + 1 + first_id * 10, "image_id": image_id,
+                          "category_id": cat, "bbox": [x, y, w, h], "area": int(m.sum()),
+                          "iscrowd": 0})
+  return {"images": images, "annotations": annotations, "categories": list(CATEGORIES)}
+
+
+def ensure(root: str, num_train: int, num_val: int, seed: int = 2017) -> str:
+  """Writes the dataset under `root` unless it is there; returns root. Atomic: a half-written
+  dataset is never left under `root`."""
+  if os.path.exists(os.path.join(root, "annotations", "instances_val2017.json")):
+    return root
+  parent = os.path.dirname(os.path.abspath(root))
+  os.makedirs(parent, exist_ok=True)
+  tmp = tempfile.mkdtemp(dir=parent, prefix=".shapes-")
+  try:
+    rng = np.random.default_rng(seed)
+    os.makedirs(os.path.join(tmp, "annotations"))
+    for split, n, first in (("train2017", num_train, 1), ("val2017", num_val, 10**6)):
+      os.makedirs(os.path.join(tmp, split))
+      coco = _split(rng, n, os.path.join(tmp, split), first)
+      with open(os.path.join(tmp, "annotations", f"instances_{split}.json"), "w") as f:
+        json.dump(coco, f)
+    try:
+      os.rename(tmp, root)
+    except OSError:            # another process finished first
+      if not os.path.exists(os.path.join(root, "annotations", "instances_val2017.json")):
+        raise
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
+  return root

@@ -1,0 +1,148 @@
+"""SSD-ResNet34 on COCO: model, loss, detections, COCO mAP, optimizer and MLPerf keys."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from benchmarks.resnet import weights
+from benchmarks.resnet.model import STAGES
+from benchmarks.ssd import boxes as box_lib
+from benchmarks.ssd import coco_eval, detect
+from benchmarks.ssd import data as data_lib
+from benchmarks.ssd.config import Config, ints, ratios
+from benchmarks.ssd.model import SSD, feature_sizes
+from benchmarks.task import Task
+from logs.mlperf import C
+from mesh.errors import UserError
+
+
+def anchors(cfg: Config) -> np.ndarray:
+  """Default boxes (xywh) for this config's feature maps."""
+  extra = ints(cfg.extra_blocks, "extra_blocks")
+  try:
+    sizes = feature_sizes(cfg.image_size, extra)
+  except ValueError as e:
+    raise UserError(f"--image_size={cfg.image_size}: {e}") from None
+  return box_lib.default_boxes(cfg.image_size, sizes, ints(cfg.anchor_steps, "anchor_steps"),
+                               ints(cfg.anchor_scales, "anchor_scales"), ratios(cfg.aspect_ratios))
+
+
+def make_model(cfg: Config, bn_span: int | None) -> SSD:
+  dtype = {"bfloat16": jnp.bfloat16, "float32": jnp.float32, "float64": jnp.float64}[cfg.dtype]
+  return SSD(cfg.num_classes, box_lib.boxes_per_cell(ratios(cfg.aspect_ratios)),
+             ints(cfg.extra_blocks, "extra_blocks"), cfg.backbone_depth, cfg.backbone_width,
+             bn_span, dtype)
+
+
+def schedule(cfg: Config, steps_per_epoch: int):
+  """MLPerf SSD: the rate rises linearly to base * batch / 32 over the warmup steps (from
+  base / 2**warmup_factor-spaced steps, the reference's rule), then x0.1 at each decay epoch."""
+  base = cfg.base_learning_rate * cfg.global_batch_size / 32
+  warm = cfg.warmup_steps
+  bounds = [e * steps_per_epoch for e in ints(cfg.decay_epochs, "decay_epochs")]
+
+  def lr(step):
+    step = jnp.asarray(step, jnp.float32)
+    rate = base * jnp.where(step >= bounds[0], 0.1, 1.0) * jnp.where(step >= bounds[1], 0.1, 1.0)
+    if warm:
+      per_step = base / (warm * 2.0 ** cfg.warmup_factor)
+      rate = jnp.where(step < warm, base - (warm - step) * per_step, rate)
+    return rate
+  return lr, base
+
+
+def _decays(params):
+  """Weight decay on convolution kernels only (not batch norm, not biases)."""
+  return jax.tree_util.tree_map_with_path(
+      lambda path, _: getattr(path[-1], "key", None) == "kernel", params)
+
+
+def hparams(cfg: Config, base_lr: float, bn_span: int):
+  return ((C.GLOBAL_BATCH_SIZE, cfg.global_batch_size), (C.OPT_NAME, "sgd"),
+          (C.OPT_BASE_LR, base_lr), (C.OPT_WEIGHT_DECAY, cfg.weight_decay),
+          (C.OPT_LR_WARMUP_STEPS, cfg.warmup_steps),
+          (C.OPT_LR_WARMUP_FACTOR, cfg.warmup_factor),
+          (C.OPT_LR_DECAY_BOUNDARY_EPOCHS, list(ints(cfg.decay_epochs, "decay_epochs"))),
+          (C.MAX_SAMPLES, cfg.crop_trials), (C.MODEL_BN_SPAN, bn_span),
+          (C.GRADIENT_ACCUMULATION_STEPS, 1))
+
+
+def to_coco(boxes, scores, classes, image_ids, sizes, category_ids) -> np.ndarray:
+  """Detections of a batch (normalized ltrb) as COCO rows in original pixels; empty slots
+  dropped."""
+  h, w = sizes[:, 0, None], sizes[:, 1, None]
+  x0, y0 = boxes[..., 0] * w, boxes[..., 1] * h
+  x1, y1 = boxes[..., 2] * w, boxes[..., 3] * h
+  cats = np.asarray(category_ids)[np.asarray(classes) - 1]
+  ids = np.broadcast_to(image_ids[:, None], scores.shape)
+  rows = np.stack([ids, x0, y0, x1 - x0, y1 - y0, scores, cats], -1).reshape(-1, 7)
+  return rows[rows[:, 5] > 0].astype(np.float64)
+
+
+def backbone_weights(cfg: Config) -> dict:
+  """The backbone's part of a ResNet checkpoint (stem, conv2_x..conv4_x), placed where the SSD
+  keeps it: {"params": {"Backbone": ...}, "model_state": {"batch_stats": {"Backbone": ...}}}."""
+  w = weights.load(cfg.backbone_checkpoint)
+  blocks = sum(STAGES[cfg.backbone_depth][0][:3])
+  names = {"stem", "BatchNorm_0"} | {f"Block_{i}" for i in range(blocks)}
+  part = lambda tree: {k: v for k, v in tree.items() if k in names}
+  missing = names - set(w["params"])
+  if missing:
+    raise UserError(f"--backbone_checkpoint={cfg.backbone_checkpoint} lacks {sorted(missing)}: "
+                    f"is it a ResNet-{cfg.backbone_depth}?")
+  return {"params": {"Backbone": part(w["params"])},
+          "model_state": {"batch_stats": {"Backbone": part(w["batch_stats"])}}}
+
+
+def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int = 1) -> Task:
+  if cfg.dtype == "float64" and not jax.config.jax_enable_x64:
+    raise UserError("--dtype=float64 needs 64-bit jax: set JAX_ENABLE_X64=1")
+  default_boxes = anchors(cfg)
+  data, val, category_ids = data_lib.make(cfg, default_boxes, process_index, process_count)
+  ground_truth = coco_eval.CocoGroundTruth(val.coco)
+  bn_span = cfg.bn_span or max(1, cfg.global_batch_size // replicas)
+  model = make_model(cfg, bn_span)
+  eval_model = model.clone(bn_span=None)
+  lr, base_lr = schedule(cfg, data.steps_per_epoch)
+  f = jnp.float64 if cfg.dtype == "float64" else jnp.float32
+  anchors_dev = jnp.asarray(default_boxes, f)
+
+  def init(rng):
+    return model.init(rng, jnp.zeros((bn_span, cfg.image_size, cfg.image_size, 3), jnp.uint8),
+                      train=False)
+
+  def loss(params, model_state, batch, rng):
+    del rng
+    (loc, logits), new_state = model.apply({"params": params, **model_state}, batch["image"],
+                                           train=True, mutable=["batch_stats"])
+    per_image = detect.loss(loc, logits, batch["boxes"].astype(f), batch["labels"],
+                            cfg.negative_ratio)
+    matched = jnp.mean(jnp.sum(batch["labels"] > 0, -1).astype(f))
+    return jnp.mean(per_image), (new_state, {"matched_boxes": matched})
+
+  def eval_stats(params, model_state, batch):
+    loc, logits = eval_model.apply({"params": params, **model_state}, batch["image"],
+                                   train=False)
+    out_boxes, scores, classes = detect.detect(
+        loc, logits, anchors_dev, iou=cfg.nms_iou, min_score=cfg.min_score,
+        candidates=cfg.nms_candidates, max_detections=cfg.max_detections)
+    return {"boxes": out_boxes, "scores": scores, "classes": classes}
+
+  def host_stats(outputs, batch):
+    real = batch["mask"] > 0
+    rows = to_coco(outputs["boxes"][real], outputs["scores"][real], outputs["classes"][real],
+                   batch["image_id"][real], batch["size"][real], category_ids)
+    return {"detections": rows}
+
+  optimizer = optax.chain(optax.add_decayed_weights(cfg.weight_decay, mask=_decays),
+                          optax.sgd(lr, momentum=cfg.momentum))
+  return Task(
+      benchmark=C.SSD, init=init, loss=loss, eval_stats=eval_stats,
+      quality=lambda totals: float(coco_eval.evaluate(
+          ground_truth, totals.get("detections", np.zeros((0, 7))))[0]),
+      quality_name="mAP@[.5:.95]", target=cfg.target_map, optimizer=optimizer,
+      learning_rate=lr, data=data, hparams=hparams(cfg, base_lr, bn_span), host_stats=host_stats,
+      warm_start=(lambda: backbone_weights(cfg)) if cfg.backbone_checkpoint else None)

@@ -1,0 +1,148 @@
+"""COCO-layout reading, the SSD augmentation, per-process shards, bad input, and the backbone
+warm start from ResNet weights."""
+
+import dataclasses
+import json
+
+import jax
+import numpy as np
+import pytest
+from flax import linen as nn
+
+from benchmarks.resnet import weights
+from benchmarks.resnet.model import ResNet
+from benchmarks.ssd import data as data_lib
+from benchmarks.ssd import shapes, suite
+from benchmarks.ssd.config import PRESETS
+from benchmarks.step import _warm_start
+from mesh.errors import UserError
+
+
+@pytest.fixture(scope="module")
+def coco(tmp_path_factory):
+  """A COCO-layout folder: 12 train and 5 val images, then edited like real COCO: a crowd
+  annotation and a training image without objects."""
+  root = shapes.ensure(str(tmp_path_factory.mktemp("c") / "coco"), 12, 5)
+  path = f"{root}/annotations/instances_train2017.json"
+  with open(path) as f:
+    train = json.load(f)
+  empty = train["images"][3]["id"]
+  train["annotations"] = [a for a in train["annotations"] if a["image_id"] != empty]
+  train["annotations"].append({"id": 999, "image_id": train["images"][0]["id"],
+                               "category_id": 3, "bbox": [0, 0, 150, 120], "area": 9000,
+                               "iscrowd": 1})
+  with open(path, "w") as f:
+    json.dump(train, f)
+  return root, train, empty
+
+
+def cfg_for(root, **kw):
+  base = dict(data_dir=root, image_size=120, backbone_depth=10, backbone_width=4,
+              anchor_steps="8,15,30,60,120", global_batch_size=4, eval_batch_size=4)
+  base.update(kw)
+  return dataclasses.replace(PRESETS["cpu"], **base)
+
+
+def test_reads_coco_layout(coco):
+  root, train, empty = coco
+  split = data_lib.read_split(root, "train2017", (1, 3, 7))
+  first = train["images"][0]
+  crowd = [a for a in train["annotations"] if a["image_id"] == first["id"] and not a["iscrowd"]]
+  assert len(split.boxes[first["id"]]) == len(crowd)        # the crowd box is not a target
+  assert empty not in split.boxes
+  a = crowd[0]
+  x, y, w, h = a["bbox"]
+  np.testing.assert_allclose(split.boxes[first["id"]][0],
+                             [x / 160, y / 128, (x + w) / 160, (y + h) / 128])
+  assert split.labels[first["id"]][0] == {1: 1, 3: 2, 7: 3}[a["category_id"]]
+
+
+def test_batches_and_process_shards(coco):
+  root, _, empty = coco
+  cfg = cfg_for(root)
+  anchors = suite.anchors(cfg)
+  data, val, cats = data_lib.make(cfg, anchors)
+  assert cats == (1, 3, 7) and data.num_train == 11 and data.num_eval == 5
+  assert data.steps_per_epoch == 2 and data.eval_steps == 2
+  [b, _] = list(data.train(0))
+  assert b["image"].shape == (4, 120, 120, 3) and b["image"].dtype == np.uint8
+  assert b["boxes"].shape == (4, len(anchors), 4) and b["labels"].shape == (4, len(anchors))
+  assert (b["labels"] > 0).sum(1).min() >= 1 and b["labels"].max() <= 3
+  assert np.isfinite(b["boxes"]).all() and not b["boxes"][b["labels"] == 0].any()
+  # Deterministic per epoch, different across epochs.
+  again = next(iter(data.train(0)))
+  np.testing.assert_array_equal(again["boxes"], b["boxes"])
+  assert not np.array_equal(next(iter(data.train(1)))["image"], b["image"])
+  # Two processes: each reads its own half of every batch and of the eval images; together
+  # they see every validation image exactly once (padding masked).
+  seen = []
+  for pi in range(2):
+    d, _, _ = data_lib.make(cfg, anchors, pi, 2)
+    tb = next(iter(d.train(0)))
+    np.testing.assert_array_equal(tb["labels"], b["labels"][pi * 2:pi * 2 + 2])
+    for e in d.eval():
+      assert e["image"].shape[0] == 2
+      seen += e["image_id"][e["mask"] > 0].tolist()
+  assert sorted(seen) == sorted(im["id"] for im in val.images)
+
+
+def test_random_crop_keeps_centers():
+  rng = np.random.default_rng(0)
+  from PIL import Image  # pylint: disable=import-outside-toplevel
+  img = Image.new("RGB", (200, 100))
+  boxes = np.array([[0.1, 0.1, 0.3, 0.4], [0.5, 0.5, 0.9, 0.9], [0.05, 0.6, 0.2, 0.95]])
+  sizes = set()
+  for _ in range(200):
+    out, b, labels = data_lib.random_crop(rng, img, boxes, np.array([1, 2, 3]), 1)
+    sizes.add(out.size)
+    assert 1 <= len(b) == len(labels) <= 3
+    assert (b >= 0).all() and (b <= 1).all() and (b[:, 2:] > b[:, :2]).all()
+  assert (200, 100) in sizes and len(sizes) > 50       # sometimes whole, mostly cropped
+
+
+@pytest.mark.parametrize("kw,needle", [
+    ({"dataset": "coco", "data_dir": ""}, "needs --data_dir"),
+    ({"dataset": "coco", "data_dir": "/nonexistent"}, "does not exist"),
+    ({"dataset": "coco", "data_dir": "."}, "COCO 2017 in its standard layout"),
+])
+def test_bad_data_dir(kw, needle):
+  cfg = dataclasses.replace(PRESETS["cpu"], **kw)
+  with pytest.raises(UserError, match=needle):
+    data_lib.make(cfg, suite.anchors(cfg))
+
+
+def _random_variables(init, seed):
+  """Variables with the shapes `init` would make, filled with random numbers (no compiling)."""
+  rng = np.random.default_rng(seed)
+  shapes = nn.meta.unbox(jax.eval_shape(init, jax.random.PRNGKey(0)))
+  return jax.tree.map(lambda s: rng.normal(size=s.shape).astype(s.dtype), shapes)
+
+
+def _resnet(width):
+  return lambda r: ResNet(10, width, 10).init(r, np.zeros((1, 32, 32, 3)), train=False)
+
+
+def test_backbone_warm_start(coco, tmp_path):
+  root, _, _ = coco
+  variables = _random_variables(_resnet(4), 1)
+  weights.save_npz(variables, str(tmp_path / "r10.npz"))
+  cfg = cfg_for(root, backbone_checkpoint=str(tmp_path / "r10.npz"))
+  task = suite.build(cfg, replicas=8)
+  init = jax.tree.map(jax.numpy.asarray, _random_variables(task.init, 2))
+  state = {"params": init["params"], "model_state": {"batch_stats": init["batch_stats"]}}
+  warm = _warm_start(state, task.warm_start())
+  got = warm["params"]["Backbone"]
+  for name in ("stem", "BatchNorm_0", "Block_0", "Block_2"):
+    for a, b in zip(jax.tree.leaves(got[name]), jax.tree.leaves(variables["params"][name])):
+      np.testing.assert_array_equal(a, b)
+  assert "Block_3" not in got                          # conv5_x is not part of the backbone
+  np.testing.assert_array_equal(warm["model_state"]["batch_stats"]["Backbone"]["BatchNorm_0"]
+                                ["var"], variables["batch_stats"]["BatchNorm_0"]["var"])
+  for a, b in zip(jax.tree.leaves(warm["params"]["Conv_0"]),    # the extra blocks are untouched
+                  jax.tree.leaves(state["params"]["Conv_0"])):
+    np.testing.assert_array_equal(a, b)
+  # A ResNet of another width does not fit: one clear error.
+  weights.save_npz(_random_variables(_resnet(8), 1), str(tmp_path / "wide.npz"))
+  task = suite.build(dataclasses.replace(cfg, backbone_checkpoint=str(tmp_path / "wide.npz")), 8)
+  with pytest.raises(UserError, match="another model size"):
+    _warm_start(state, task.warm_start())
