@@ -131,6 +131,10 @@ def test_coco_rows():
   # Original pixels (width 200, height 100), xywh; the empty slot (score 0) dropped; label 2 is
   # the second category id.
   np.testing.assert_allclose(rows, [[42, 20, 20, 80, 40, 0.9, 3]])
+  # A class the dataset does not have (a model with more classes) is dropped.
+  rows = to_coco(boxes, np.array([[0.9, 0.8]]), np.array([[2, 5]]), np.array([42]),
+                 np.array([[100.0, 200.0]]), (1, 3, 7))
+  assert rows[:, 6].tolist() == [3]
 
 
 def test_feature_sizes_any_input():

@@ -97,3 +97,4 @@ def test_closed_log_meets_every_closed_rule_but_the_target(x64, tmp_path):
   (tmp_path / "bad" / "result_0.txt").write_text(log.replace(key, key.replace("1,", "2,")))
   [r] = compliance.check_path(str(tmp_path / "bad"), rulesets=("1.0.0",))
   assert any("max_samples" in m for m in r.messages), r.messages
+

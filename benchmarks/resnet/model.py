@@ -98,6 +98,15 @@ def conv(x, features: int, kernel: int, strides: int = 1, name: str | None = Non
   return constrain(y, ACT)
 
 
+def stem(x, width: int, bn_span, dtype, train: bool):
+  """conv1 (7x7, stride 2) "stem", batch norm, ReLU, 3x3 stride-2 max pool; called inside a
+  compact module, whose parameters it names ("stem", "BatchNorm_0")."""
+  x = conv(x, width, 7, 2, name="stem", dtype=dtype)
+  x = nn.relu(BatchNorm(bn_span, dtype=dtype)(x, train))
+  x = nn.max_pool(x, (3, 3), (2, 2), padding=((1, 1), (1, 1)))
+  return constrain(x, ACT)
+
+
 class Block(nn.Module):
   features: int
   strides: int
@@ -135,10 +144,7 @@ class ResNet(nn.Module):
   def __call__(self, x, train: bool):
     stages, bottleneck = STAGES[self.depth]
     x = constrain(x.astype(self.dtype), ("batch", "height", "width", None))  # RGB: not split
-    x = conv(x, self.width, 7, 2, name="stem", dtype=self.dtype)
-    x = nn.relu(BatchNorm(self.bn_span, dtype=self.dtype)(x, train))
-    x = nn.max_pool(x, (3, 3), (2, 2), padding=((1, 1), (1, 1)))
-    x = constrain(x, ACT)
+    x = stem(x, self.width, self.bn_span, self.dtype, train)
     for i, blocks in enumerate(stages):
       for j in range(blocks):
         x = Block(self.width * 2**i, 2 if (i > 0 and j == 0) else 1, bottleneck, self.bn_span,

@@ -26,6 +26,7 @@ from benchmarks.resnet.model import (
   conv,
   named_init,
   param_dtype,
+  stem,
 )
 from mesh import constrain
 
@@ -43,10 +44,7 @@ class Backbone(nn.Module):
   @nn.compact
   def __call__(self, x, train: bool):
     stages, bottleneck = STAGES[self.depth]
-    x = conv(x, self.width, 7, 2, name="stem", dtype=self.dtype)
-    x = nn.relu(BatchNorm(self.bn_span, dtype=self.dtype)(x, train))
-    x = nn.max_pool(x, (3, 3), (2, 2), padding=((1, 1), (1, 1)))
-    x = constrain(x, ACT)
+    x = stem(x, self.width, self.bn_span, self.dtype, train)
     for i, blocks in enumerate(stages[:3]):         # conv2_x .. conv4_x; conv5_x removed
       for j in range(blocks):
         stride = 2 if (i == 1 and j == 0) else 1    # conv4_1 keeps the resolution

@@ -71,15 +71,17 @@ def hparams(cfg: Config, base_lr: float, bn_span: int):
 
 
 def to_coco(boxes, scores, classes, image_ids, sizes, category_ids) -> np.ndarray:
-  """Detections of a batch (normalized ltrb) as COCO rows in original pixels; empty slots
-  dropped."""
+  """Detections of a batch (normalized ltrb) as COCO rows in original pixels; empty slots and
+  classes beyond the dataset's categories (a model with more classes than it) dropped."""
   h, w = sizes[:, 0, None], sizes[:, 1, None]
   x0, y0 = boxes[..., 0] * w, boxes[..., 1] * h
   x1, y1 = boxes[..., 2] * w, boxes[..., 3] * h
-  cats = np.asarray(category_ids)[np.asarray(classes) - 1]
+  classes = np.asarray(classes)
+  known = classes <= len(category_ids)
+  cats = np.asarray(category_ids)[np.where(known, classes, 1) - 1]
   ids = np.broadcast_to(image_ids[:, None], scores.shape)
   rows = np.stack([ids, x0, y0, x1 - x0, y1 - y0, scores, cats], -1).reshape(-1, 7)
-  return rows[rows[:, 5] > 0].astype(np.float64)
+  return rows[(rows[:, 5] > 0) & known.reshape(-1)].astype(np.float64)
 
 
 def backbone_weights(cfg: Config) -> dict:
