@@ -255,9 +255,12 @@ def _gather_rows(x: np.ndarray) -> np.ndarray:
     multihost_utils,  # pylint: disable=import-outside-toplevel
   )
   counts = multihost_utils.process_allgather(np.array([len(x)]))[:, 0]
-  pad = np.zeros((int(counts.max()) - len(x),) + x.shape[1:], x.dtype)
-  every = multihost_utils.process_allgather(np.concatenate([x, pad]))
-  return np.concatenate([rows[:n] for rows, n in zip(every, counts)])
+  # As raw bytes: without 64-bit jax a float64 array would travel as float32.
+  raw = np.ascontiguousarray(x).reshape(len(x), int(np.prod(x.shape[1:]))).view(np.uint8)
+  pad = np.zeros((int(counts.max()) - len(x), raw.shape[1]), np.uint8)
+  every = np.asarray(multihost_utils.process_allgather(np.concatenate([raw, pad])))
+  rows = np.concatenate([r[:n] for r, n in zip(every, counts)])
+  return rows.view(x.dtype).reshape((-1,) + x.shape[1:])
 
 
 def evaluate(program: Program, state, batches) -> dict[str, Any]:

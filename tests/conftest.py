@@ -33,3 +33,12 @@ sys.path.insert(0, ROOT)
 import jax  # noqa: E402  pylint: disable=wrong-import-position
 
 assert len(jax.devices()) == 8, jax.devices()
+
+
+# The three CPU-default runs take minutes each: start them first, so the workers that get
+# them are not the last to finish (xdist hands out files in collection order).
+_LONG_FIRST = ("test_ssd_e2e.py", "test_transformer_e2e.py", "test_resnet_e2e.py")
+
+
+def pytest_collection_modifyitems(items):
+  items.sort(key=lambda item: item.path.name not in _LONG_FIRST)

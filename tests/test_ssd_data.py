@@ -47,8 +47,9 @@ def test_reads_coco_layout(coco):
   root, train, empty = coco
   split = data_lib.read_split(root, "train2017", (1, 3, 7))
   first = train["images"][0]
-  crowd = [a for a in train["annotations"] if a["image_id"] == first["id"] and not a["iscrowd"]]
-  assert len(split.boxes[first["id"]]) == len(crowd)        # the crowd box is not a target
+  crowd = [a for a in train["annotations"] if a["image_id"] == first["id"]]
+  assert len(split.boxes[first["id"]]) == len(crowd)        # the crowd box is a target too
+  assert crowd[-1]["iscrowd"] and split.labels[first["id"]][-1] == 2
   assert empty not in split.boxes
   a = crowd[0]
   x, y, w, h = a["bbox"]

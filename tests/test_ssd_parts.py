@@ -95,7 +95,7 @@ def _nms_reference(boxes, probs, iou, min_score, candidates, max_det):
     for i in order:
       if probs[i, c] <= min_score:
         continue
-      if all(B.iou(boxes[i:i + 1], boxes[j:j + 1])[0, 0] <= iou for j in kept):
+      if all(B.iou(boxes[i:i + 1], boxes[j:j + 1])[0, 0] < iou for j in kept):
         kept.append(i)
     out += [(probs[i, c], c, tuple(boxes[i])) for i in kept]
   return sorted(out, key=lambda t: -t[0])[:max_det]

@@ -3,9 +3,10 @@
 boxes, on a pool of host threads.
 
 `--data_dir` holds `annotations/instances_{train,val}2017.json`, `train2017/`, `val2017/`.
-Each process reads its own share of the images. Training skips images without (non-crowd)
-objects, as the MLPerf reference does (117,266 of COCO's 118,287); evaluation covers every
-validation image (5,000).
+Each process reads its own share of the images. As in the MLPerf PyTorch reference, training
+uses every annotation as a target (crowd boxes too) and skips images without any (117,266 of
+COCO's 118,287); evaluation covers every validation image (5,000, as the TensorFlow/TPU
+reference; COCOeval ignores crowds there).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ CROP_OPTIONS = (None, (0.1, None), (0.3, None), (0.5, None), (0.7, None), (0.9, 
 class Split:
   folder: str                     # image folder
   images: tuple[dict, ...]        # COCO image records (id, file_name, height, width)
-  boxes: dict[int, np.ndarray]    # image id -> (n, 4) ltrb, normalized, non-crowd objects
+  boxes: dict[int, np.ndarray]    # image id -> (n, 4) ltrb, normalized (crowds included)
   labels: dict[int, np.ndarray]   # image id -> (n,) contiguous labels 1..K
   coco: dict                      # the annotation json (ground truth for COCO evaluation)
 
@@ -59,7 +60,7 @@ def read_split(root: str, split: str, category_ids: tuple[int, ...] | None = Non
     size = {im["id"]: (im["width"], im["height"]) for im in coco["images"]}
     per_image = collections.defaultdict(list)
     for a in coco["annotations"]:
-      if a.get("iscrowd", 0) or a["bbox"][2] <= 0 or a["bbox"][3] <= 0:
+      if a["bbox"][2] <= 0 or a["bbox"][3] <= 0:
         continue
       w, h = size[a["image_id"]]
       x, y, bw, bh = a["bbox"]

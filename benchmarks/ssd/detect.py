@@ -4,7 +4,8 @@ The loss is the MLPerf reference's: smooth-L1 over the offsets of matched defaul
 cross-entropy over the matched boxes and the hardest unmatched ones (3 per match), divided by
 the image's number of matches; images without matches count zero; mean over the batch.
 Detection: softmax scores; per class, the best `candidates` boxes above `min_score` go through
-greedy NMS at `iou`; the best `max_detections` of all classes remain.
+greedy NMS (a box goes when its IoU with a kept, better box reaches `iou`); the best
+`max_detections` of all classes remain.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def greedy_nms(boxes, scores, valid, iou: float):
   """Keep mask of greedy NMS over boxes sorted by descending score: (..., k, 4), (..., k)."""
   del scores   # already sorted
   k = boxes.shape[-2]
-  over = pairwise_iou(boxes) > iou                    # (..., k, k)
+  over = pairwise_iou(boxes) >= iou                   # (..., k, k); the reference keeps < iou
 
   def body(i, keep):
     earlier = jnp.arange(k) < i

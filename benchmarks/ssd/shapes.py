@@ -17,6 +17,8 @@ import tempfile
 import numpy as np
 from PIL import Image, ImageDraw
 
+from mesh.errors import UserError
+
 CATEGORIES = ({"id": 1, "name": "circle"}, {"id": 3, "name": "square"},
               {"id": 7, "name": "triangle"})   # non-contiguous ids, as COCO's
 WIDTH, HEIGHT = 160, 128
@@ -82,6 +84,9 @@ def ensure(root: str, num_train: int, num_val: int, seed: int = 2017) -> str:
   dataset is never left under `root`."""
   if os.path.exists(os.path.join(root, "annotations", "instances_val2017.json")):
     return root
+  if os.path.isdir(root) and os.listdir(root):
+    raise UserError(f"{root} exists and holds no shapes dataset; give --dataset=shapes an empty "
+                    f"or new --data_dir (it writes the dataset there)")
   parent = os.path.dirname(os.path.abspath(root))
   os.makedirs(parent, exist_ok=True)
   tmp = tempfile.mkdtemp(dir=parent, prefix=".shapes-")

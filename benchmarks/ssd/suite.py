@@ -104,7 +104,11 @@ def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int
     raise UserError("--dtype=float64 needs 64-bit jax: set JAX_ENABLE_X64=1")
   default_boxes = anchors(cfg)
   data, val, category_ids = data_lib.make(cfg, default_boxes, process_index, process_count)
-  ground_truth = coco_eval.CocoGroundTruth(val.coco)
+  try:
+    ground_truth = coco_eval.CocoGroundTruth(val.coco)
+  except (KeyError, ValueError) as e:
+    raise UserError(f"the validation annotations cannot be scored: {type(e).__name__}: {e}"
+                    ) from None
   bn_span = cfg.bn_span or max(1, cfg.global_batch_size // replicas)
   model = make_model(cfg, bn_span)
   eval_model = model.clone(bn_span=None)
