@@ -33,7 +33,7 @@ case "$verb" in
     usage; exit 2 ;;
   test)
     shift; bootstrap
-    exec "$VENV/bin/python" -m pytest -q -n 3 --dist=loadfile "$@" ;;
+    exec "$VENV/bin/python" -m pytest -q -n 3 --dist=loadfile --no-loadscope-reorder "$@" ;;
   check)
     shift; bootstrap
     exec "$VENV/bin/python" -m logs.compliance "$@" ;;

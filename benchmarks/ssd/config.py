@@ -55,9 +55,10 @@ PRESETS = {
         optimizations="distributed_eval", image_size=128, num_classes=4, backbone_depth=18,
         backbone_width=16, extra_blocks="2,2,2,2", anchor_steps="8,16,32,64,128",
         anchor_scales="13,26,51,77,102,128", aspect_ratios="2;2,3;2,3;2;2",
-        global_batch_size=32, eval_batch_size=64, max_epochs=12, eval_every=1,
+        global_batch_size=32, eval_batch_size=64, max_epochs=12,
+        eval_epochs="4,5,6,7,8,9,10,11,12",
         base_learning_rate=0.04, warmup_steps=100, decay_epochs="9,11", weight_decay=5e-4,
-        target_map=0.35),
+        target_map=0.5),
     # MLPerf v0.6 on a full TPU-v3 pod (REFERENCE.md): 1024 chips, batch 2048, 4-way spatial
     # partitioning of each replica's images, distributed batch norm over 64 images.
     "tpu-v3-2048": Config(
