@@ -50,14 +50,19 @@ def preset(presets: dict[str, Any], name: str, benchmark: str) -> Any:
   return presets[name]
 
 
+def ints(text: str, flag: str) -> tuple[int, ...]:
+  """A flag's comma-separated integers ("40,50" -> (40, 50))."""
+  try:
+    return tuple(int(t) for t in text.split(",") if t.strip())
+  except ValueError:
+    raise UserError(f"--{flag}={text}: a comma-separated list of integers") from None
+
+
 def eval_points(c: Common) -> tuple[int, ...]:
   """The epochs after which a run evaluates: every `eval_every` epochs, or the `eval_epochs`
   list; always the last epoch."""
   if c.eval_epochs.strip():
-    try:
-      listed = sorted({int(t) for t in c.eval_epochs.split(",") if t.strip()})
-    except ValueError:
-      raise UserError(f"--eval_epochs={c.eval_epochs}: a comma-separated list of epochs") from None
+    listed = sorted(set(ints(c.eval_epochs, "eval_epochs")))
     if listed and listed[0] < 1:
       raise UserError(f"--eval_epochs={c.eval_epochs}: epochs count from 1")
     points = [e for e in listed if e < c.max_epochs]

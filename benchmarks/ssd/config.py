@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from benchmarks.config import Common
+from benchmarks.config import Common, ints
 from mesh.errors import UserError
 
 DATASETS = ("coco", "shapes")
@@ -78,13 +78,6 @@ ABLATIONS = (
     ("spatial axis idle", "data:2,spatial:4", "batch:data", "none"),
     ("+ spatial_partitioning", "data:2,spatial:4", "batch:data", "spatial_partitioning"),
 )
-
-
-def ints(text: str, what: str) -> tuple[int, ...]:
-  try:
-    return tuple(int(t) for t in text.split(",") if t.strip())
-  except ValueError:
-    raise UserError(f"--{what}={text}: a comma-separated list of integers") from None
 
 
 def ratios(text: str) -> tuple[tuple[int, ...], ...]:

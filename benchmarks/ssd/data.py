@@ -193,6 +193,7 @@ def make(cfg, anchors_xywh: np.ndarray, process_index: int = 0, process_count: i
   pipe_train = Pipeline(train, cfg.image_size, anchors_xywh, cfg.match_iou, cfg.crop_trials)
   pipe_eval = Pipeline(val, cfg.image_size, anchors_xywh, cfg.match_iou, cfg.crop_trials)
   eval_steps = num_steps(len(val.images), ge)
+  eval_example = _collate_eval([pipe_eval.eval_example(val.images[0])])   # shapes for padding
 
   def train_batches(epoch: int):
     order = np.random.default_rng([cfg.seed, epoch]).permutation(len(train_images))
@@ -206,8 +207,7 @@ def make(cfg, anchors_xywh: np.ndarray, process_index: int = 0, process_count: i
                                                     process_count)]
     jobs = ([(pipe_eval.eval_example, r) for r in mine[lo:lo + leb]]
             for lo in range(0, len(mine), leb))
-    example = _collate_eval([pipe_eval.eval_example(val.images[0])])
-    return padded(pipe_eval.batches(jobs, _collate_eval), leb, eval_steps, example)
+    return padded(pipe_eval.batches(jobs, _collate_eval), leb, eval_steps, eval_example)
 
   data = Data(name=f"{cfg.dataset} ({root})", num_train=len(train_images),
               num_eval=len(val.images), steps_per_epoch=steps, eval_steps=eval_steps,
