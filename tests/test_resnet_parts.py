@@ -12,7 +12,7 @@ from flax import linen as nn
 from benchmarks.data import array_batches, num_steps, padded
 from benchmarks.resnet import data as data_lib
 from benchmarks.resnet.config import PRESETS
-from benchmarks.resnet.model import BatchNorm
+from benchmarks.common.convnet import BatchNorm
 from benchmarks.resnet.suite import schedule
 
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from benchmarks.transformer import data as data_lib
-from benchmarks.transformer import grammar
+from benchmarks.common import grammar
 from benchmarks.transformer.config import PRESETS
-from benchmarks.transformer.tokenizer import EOS
+from benchmarks.common.tokenizer import EOS
 from mesh.errors import UserError
 
 EN, DE = grammar.corpus(1200, 5)

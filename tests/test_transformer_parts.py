@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 import sacrebleu
 
-from benchmarks.transformer import bleu, grammar, suite
+from benchmarks.common import grammar
+from benchmarks.transformer import bleu, suite
 from benchmarks.transformer.beam import length_penalty
 from benchmarks.transformer.config import PRESETS
 from benchmarks.transformer.model import Transformer
-from benchmarks.transformer.tokenizer import EOS
+from benchmarks.common.tokenizer import EOS
 
 WORDS = (2, 3, 4)          # a vocabulary of three words, end-of-sentence 1, padding 0
 

@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.resnet import weights
-from benchmarks.resnet.model import STAGES
+from benchmarks.common import weights
+from benchmarks.common.convnet import STAGES
 from mesh.errors import UserError
 
 TORCHVISION_DEPTHS = (18, 34, 50, 101, 152)

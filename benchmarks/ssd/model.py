@@ -6,7 +6,7 @@ with stride 2; 3 and 1 unpadded). Each map gets 3x3 heads for box offsets and cl
 Activations are (batch, height, width, channels), so `spatial_partitioning` splits the height
 of every map; maps of any size work (XLA pads shards that do not divide).
 
-The backbone's modules carry the names of `benchmarks.resnet.model.ResNet`'s ("stem",
+The backbone's modules carry the names of `benchmarks.resnet.model.ResNet`'s (both built from `benchmarks.common.convnet`) ("stem",
 "BatchNorm_0", "Block_<k>"), so ResNet weights (this harness's ResNet runs or torchvision's,
 converted) load into it unchanged.
 """
@@ -18,16 +18,8 @@ from typing import Any
 import jax.numpy as jnp
 from flax import linen as nn
 
-from benchmarks.resnet.model import (
-  ACT,
-  STAGES,
-  BatchNorm,
-  Block,
-  conv,
-  named_init,
-  param_dtype,
-  stem,
-)
+from benchmarks.common.convnet import ACT, STAGES, BatchNorm, Block, conv, stem
+from benchmarks.common.layers import named_init, param_dtype
 from mesh import constrain
 
 # ImageNet statistics (RGB, 0..255) the pretrained backbones expect.

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from benchmarks.resnet import weights
-from benchmarks.resnet.model import STAGES
+from benchmarks.common import weights
+from benchmarks.common.convnet import STAGES
 from benchmarks.ssd import boxes as box_lib
 from benchmarks.ssd import coco_eval, detect
 from benchmarks.ssd import data as data_lib

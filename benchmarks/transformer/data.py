@@ -24,8 +24,8 @@ from benchmarks.data import (
   padded,
   process_indices,
 )
-from benchmarks.transformer import grammar
-from benchmarks.transformer import tokenizer as tok_lib
+from benchmarks.common import grammar
+from benchmarks.common import tokenizer as tok_lib
 from mesh.errors import UserError
 
 TRAIN_FIELDS = ("inputs", "inputs_segment", "inputs_position", "targets", "targets_segment",

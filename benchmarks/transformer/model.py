@@ -17,117 +17,21 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import linen as nn
 
+from benchmarks.common.layers import named_init, param_dtype
+from benchmarks.common.transformer import (
+  EMB,
+  NEG,
+  Attention,
+  FeedForward,
+  LayerNorm,
+  attention_bias,
+  shift_right,
+  sinusoid,
+)
 from mesh import constrain
-
-EMB = ("batch", "length", "embed")
-HEADS = ("batch", "length", "heads", "d_kv")
-NEG = -1e9
-
-
-def _named(init, names):
-  return nn.with_logical_partitioning(init, names)
-
-
-def _param_dtype(dtype):
-  """float32 parameters, softmax and logits (also under bfloat16); float64 for exactness tests."""
-  return jnp.float64 if dtype == jnp.float64 else jnp.float32
-
-
-def padded_vocab(vocab: int, multiple: int = 128) -> int:
-  """The model's vocab dimension: sentencepiece's size rounded up so layouts can split it."""
-  return -(-vocab // multiple) * multiple
-
-
-def sinusoid(positions: jax.Array, d: int) -> jax.Array:
-  """tensor2tensor's timing signal: sin and cos of position / 10000 ** (i / (d/2 - 1))."""
-  half = d // 2
-  freq = np.exp(-np.log(10000.0) * np.arange(half) / max(half - 1, 1))
-  angles = positions[..., None] * freq
-  return jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], -1)
-
-
-class LayerNorm(nn.Module):
-  dtype: Any = jnp.float32
-  epsilon: float = 1e-6
-
-  @nn.compact
-  def __call__(self, x):
-    d, f = x.shape[-1], _param_dtype(self.dtype)
-    scale = self.param("scale", _named(nn.initializers.ones, ("embed",)), (d,), f)
-    bias = self.param("bias", _named(nn.initializers.zeros, ("embed",)), (d,), f)
-    xf = x.astype(f)
-    mean = jnp.mean(xf, -1, keepdims=True)
-    var = jnp.mean(jnp.square(xf - mean), -1, keepdims=True)
-    return ((xf - mean) * jax.lax.rsqrt(var + self.epsilon) * scale + bias).astype(self.dtype)
-
-
-class Attention(nn.Module):
-  """Multi-head attention. `bias` is added to the logits (0 allowed, NEG masked)."""
-  num_heads: int
-  d_kv: int
-  dropout: float = 0.0
-  dtype: Any = jnp.float32
-
-  @nn.compact
-  def __call__(self, x, kv, bias, train: bool, cache: str = "", step=None):
-    """cache: '' (no cache), 'self' (append this step's key/value at `step`) or 'cross' (keys
-    and values of `kv` computed once, on the call that creates the cache)."""
-    d, f, dt = x.shape[-1], _param_dtype(self.dtype), self.dtype
-    in_init = nn.initializers.variance_scaling(1.0, "fan_in", "normal", in_axis=0,
-                                               out_axis=(1, 2))
-    out_init = nn.initializers.variance_scaling(1.0, "fan_in", "normal", in_axis=(0, 1),
-                                                out_axis=2)
-    shape = (d, self.num_heads, self.d_kv)
-    wq, wk, wv = (self.param(n, _named(in_init, ("embed", "heads", "d_kv")), shape, f)
-                  for n in ("query", "key", "value"))
-    wo = self.param("out", _named(out_init, ("heads", "d_kv", "embed")),
-                    (self.num_heads, self.d_kv, d), f)
-    proj = lambda t, w: constrain(jnp.einsum("bld,dhk->blhk", t.astype(dt), w.astype(dt)), HEADS)
-    q = proj(x, wq) * (self.d_kv ** -0.5)
-    if cache == "cross" and self.has_variable("cache", "key"):
-      k, v = self.get_variable("cache", "key"), self.get_variable("cache", "value")
-    else:
-      k, v = proj(kv, wk), proj(kv, wv)
-    if cache == "cross":
-      self.put_variable("cache", "key", k)
-      self.put_variable("cache", "value", v)
-    elif cache == "self":
-      length = bias.shape[-1]
-      ck = self.variable("cache", "key", jnp.zeros, (k.shape[0], length) + k.shape[2:], k.dtype)
-      cv = self.variable("cache", "value", jnp.zeros, ck.value.shape, k.dtype)
-      at = tuple(jnp.asarray(i, jnp.int32) for i in (0, step, 0, 0))
-      ck.value = jax.lax.dynamic_update_slice(ck.value, k, at)
-      cv.value = jax.lax.dynamic_update_slice(cv.value, v, at)
-      k, v = constrain(ck.value, HEADS), constrain(cv.value, HEADS)
-    logits = jnp.einsum("bqhk,bshk->bhqs", q, k).astype(f) + bias
-    logits = constrain(logits, ("batch", "heads", "length", None))
-    w = jax.nn.softmax(logits).astype(dt)
-    w = nn.Dropout(self.dropout)(w, deterministic=not train)
-    o = constrain(jnp.einsum("bhqs,bshk->bqhk", w, v), HEADS)
-    return constrain(jnp.einsum("bqhk,hkd->bqd", o, wo.astype(dt)), EMB)
-
-
-class FeedForward(nn.Module):
-  d_ff: int
-  dropout: float = 0.0
-  dtype: Any = jnp.float32
-
-  @nn.compact
-  def __call__(self, x, train: bool):
-    d, f, dt = x.shape[-1], _param_dtype(self.dtype), self.dtype
-    init = nn.initializers.variance_scaling(1.0, "fan_in", "normal")
-    wi = self.param("wi", _named(init, ("embed", "d_ff")), (d, self.d_ff), f)
-    wo = self.param("wo", _named(init, ("d_ff", "embed")), (self.d_ff, d), f)
-    h = constrain(jax.nn.relu(jnp.einsum("bld,df->blf", x.astype(dt), wi.astype(dt))),
-                  ("batch", "length", "d_ff"))
-    h = nn.Dropout(self.dropout)(h, deterministic=not train)
-    return constrain(jnp.einsum("blf,fd->bld", h, wo.astype(dt)), EMB)
-
 
 @dataclasses.dataclass(frozen=True)
 class Dims:
@@ -170,22 +74,6 @@ class DecoderLayer(nn.Module):
     return x + drop(FeedForward(c.d_ff, c.dropout, c.dtype)(y, train))
 
 
-def attention_bias(q_segment, k_segment, causal: bool = False) -> jax.Array:
-  """(batch, 1, q, k): 0 where a query may attend to a key (same segment, not padding), else
-  NEG."""
-  ok = (q_segment[:, :, None] == k_segment[:, None, :]) & (k_segment[:, None, :] > 0)
-  if causal:
-    n = q_segment.shape[1]
-    ok &= jnp.tril(jnp.ones((n, n), bool))[None]
-  return jnp.where(ok, 0.0, NEG)[:, None].astype(jnp.float32)
-
-
-def shift_right(targets, position):
-  """Decoder inputs: each segment's targets moved one step right, starting from 0."""
-  shifted = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]
-  return jnp.where(position == 0, 0, shifted)
-
-
 class Transformer(nn.Module):
   """Encoder-decoder; `vocab` is the padded model vocab, ids >= `real_vocab` are never output."""
   vocab: int
@@ -201,8 +89,8 @@ class Transformer(nn.Module):
 
   def setup(self):
     self.embedding = self.param(
-        "embedding", _named(nn.initializers.normal(self.d_model ** -0.5), ("vocab", "embed")),
-        (self.vocab, self.d_model), _param_dtype(self.dtype))
+        "embedding", named_init(nn.initializers.normal(self.d_model ** -0.5), ("vocab", "embed")),
+        (self.vocab, self.d_model), param_dtype(self.dtype))
     dims = Dims(self.num_heads, self.d_kv, self.d_ff, self.dropout, self.attention_dropout,
                 self.dtype)
     self.encoder = [EncoderLayer(dims, name=f"encoder_{i}") for i in range(self.num_layers)]
@@ -218,7 +106,7 @@ class Transformer(nn.Module):
 
   def _logits(self, x):
     logits = jnp.einsum("bld,vd->blv", x, self.embedding.astype(self.dtype))
-    logits = constrain(logits.astype(_param_dtype(self.dtype)), ("batch", "length", "vocab"))
+    logits = constrain(logits.astype(param_dtype(self.dtype)), ("batch", "length", "vocab"))
     return jnp.where(jnp.arange(self.vocab) < self.real_vocab, logits, NEG)
 
   def encode(self, inputs, segment=None, position=None, train: bool = False):

@@ -11,8 +11,9 @@ from benchmarks.transformer import bleu
 from benchmarks.transformer import data as data_lib
 from benchmarks.transformer.beam import beam_search
 from benchmarks.transformer.config import Config
-from benchmarks.transformer.model import Transformer, padded_vocab
-from benchmarks.transformer.tokenizer import EOS
+from benchmarks.common.transformer import padded_vocab
+from benchmarks.transformer.model import Transformer
+from benchmarks.common.tokenizer import EOS
 from logs.mlperf import C
 from mesh.collectives import batch_mean
 from mesh.errors import UserError

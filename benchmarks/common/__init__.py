@@ -1,0 +1,2 @@
+"""What benchmarks share: layers, tokenizer, corpora and weight loading. No benchmark imports
+another benchmark; both import from here."""

@@ -1,0 +1,127 @@
+"""Convolutional layers shared by the ResNet and SSD benchmarks, with named dimensions.
+
+Dimension names: activations (batch, height, width, channels); conv kernels
+(None, None, in_channels, channels); batch-norm vectors (channels,). Batch norm takes its
+statistics over groups of `bn_span` examples (MLPerf's `model_bn_span`), across replicas when
+the group is wider than one replica's batch. `stem`, `Block` and `STAGES` build ResNet v1.5
+(He et al. 2016; the v1.5 stride on the 3x3 convolution) and the SSD backbone from the same
+modules, so one set of pretrained weights fits both.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import linen as nn
+
+from benchmarks.common.layers import named_init, param_dtype
+from mesh import constrain
+from mesh.collectives import group_mean
+from mesh.sharding import manual_axes
+
+ACT = ("batch", "height", "width", "channels")
+STAGES = {  # depth -> (blocks per stage, bottleneck)
+    10: ((1, 1, 1, 1), False), 14: ((1, 1, 1, 1), True), 18: ((2, 2, 2, 2), False),
+    26: ((2, 2, 2, 2), True), 34: ((3, 4, 6, 3), False), 50: ((3, 4, 6, 3), True),
+    101: ((3, 4, 23, 3), True), 152: ((3, 8, 36, 3), True),
+}
+
+
+class BatchNorm(nn.Module):
+  """Batch norm whose statistics are taken over groups of `span` consecutive examples.
+
+  `span` is MLPerf's `model_bn_span`: with the batch split over replicas, a span equal to the
+  per-replica batch is local batch norm, and a larger span is distributed batch norm over
+  span / per-replica-batch replicas. None means the whole (global) batch.
+  """
+  span: int | None = None
+  momentum: float = 0.9
+  epsilon: float = 1e-5
+  zero_scale: bool = False
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, train: bool):
+    c, f = x.shape[-1], param_dtype(self.dtype)
+    scale = self.param("scale", named_init(nn.initializers.zeros if self.zero_scale
+                                       else nn.initializers.ones, ("channels",)), (c,), f)
+    bias = self.param("bias", named_init(nn.initializers.zeros, ("channels",)), (c,), f)
+    mean_v = self.variable("batch_stats", "mean", named_init(jnp.zeros, ("channels",)), (c,), f)
+    var_v = self.variable("batch_stats", "var", named_init(jnp.ones, ("channels",)), (c,), f)
+    if train:
+      b = x.shape[0]
+      manual = manual_axes()
+      if manual and (self.span is None or self.span > b):
+        # Inside shard_map over the data-parallel axes with a span wider than this replica's
+        # batch: statistics over a group of replicas (distributed batch norm).
+        replicas = jax.lax.axis_size(manual)
+        k = replicas if self.span is None else self.span // b
+        if self.span is not None and self.span % b:
+          raise ValueError(f"bn span {self.span} is not a multiple of the per-replica batch {b}")
+        red = tuple(range(x.ndim - 1))
+        xf = x.astype(f)
+        mean = group_mean(jnp.mean(xf, red), manual, k)
+        var = group_mean(jnp.mean(jnp.square(xf - mean), red), manual, k)
+        y = (xf - mean) * jax.lax.rsqrt(var + self.epsilon)
+        mean, var = mean[None], var[None]
+      else:
+        span = self.span or b
+        if b % span:
+          raise ValueError(f"batch {b} is not a multiple of bn span {span}")
+        g = x.astype(f).reshape((b // span, span) + x.shape[1:])
+        axes = tuple(range(1, g.ndim - 1))
+        mean = jnp.mean(g, axes, keepdims=True)
+        var = jnp.mean(jnp.square(g - mean), axes, keepdims=True)
+        y = ((g - mean) * jax.lax.rsqrt(var + self.epsilon)).reshape(x.shape)
+      if not self.is_initializing():
+        m = self.momentum
+        mean_v.value = m * mean_v.value + (1 - m) * jnp.mean(mean.reshape(-1, c), axis=0)
+        var_v.value = m * var_v.value + (1 - m) * jnp.mean(var.reshape(-1, c), axis=0)
+    else:
+      y = (x.astype(f) - mean_v.value) * jax.lax.rsqrt(var_v.value + self.epsilon)
+    return (y * scale + bias).astype(self.dtype)
+
+
+def conv(x, features: int, kernel: int, strides: int = 1, name: str | None = None, dtype=None):
+  pad = kernel // 2
+  y = nn.Conv(features, (kernel, kernel), (strides, strides), padding=[(pad, pad), (pad, pad)],
+              use_bias=False, dtype=dtype, param_dtype=param_dtype(dtype), name=name,
+              kernel_init=named_init(nn.initializers.variance_scaling(2.0, "fan_out", "normal"),
+                                 (None, None, "in_channels", "channels")))(x)
+  return constrain(y, ACT)
+
+
+def stem(x, width: int, bn_span, dtype, train: bool):
+  """conv1 (7x7, stride 2) "stem", batch norm, ReLU, 3x3 stride-2 max pool; called inside a
+  compact module, whose parameters it names ("stem", "BatchNorm_0")."""
+  x = conv(x, width, 7, 2, name="stem", dtype=dtype)
+  x = nn.relu(BatchNorm(bn_span, dtype=dtype)(x, train))
+  x = nn.max_pool(x, (3, 3), (2, 2), padding=((1, 1), (1, 1)))
+  return constrain(x, ACT)
+
+
+class Block(nn.Module):
+  features: int
+  strides: int
+  bottleneck: bool
+  bn_span: int | None
+  dtype: Any
+
+  @nn.compact
+  def __call__(self, x, train: bool):
+    bn = lambda zero=False: BatchNorm(self.bn_span, zero_scale=zero, dtype=self.dtype)
+    out_features = self.features * (4 if self.bottleneck else 1)
+    residual = x
+    if self.bottleneck:
+      y = nn.relu(bn()(conv(x, self.features, 1, dtype=self.dtype), train))
+      # v1.5: the stride is on the 3x3 convolution.
+      y = nn.relu(bn()(conv(y, self.features, 3, self.strides, dtype=self.dtype), train))
+      y = bn(True)(conv(y, out_features, 1, dtype=self.dtype), train)
+    else:
+      y = nn.relu(bn()(conv(x, self.features, 3, self.strides, dtype=self.dtype), train))
+      y = bn(True)(conv(y, out_features, 3, dtype=self.dtype), train)
+    if residual.shape != y.shape:
+      residual = bn()(conv(x, out_features, 1, self.strides, dtype=self.dtype), train)
+    return constrain(nn.relu(y + residual), ACT)
