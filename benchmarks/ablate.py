@@ -28,6 +28,7 @@ flags.DEFINE_integer("ablate_steps", 10, "Timed training steps per variant per r
                      "(0: compile only, no timing).")
 flags.DEFINE_integer("ablate_rounds", 3, "Interleaved timing rounds.")
 flags.DEFINE_string("ablate_json", None, "Also write the results to this JSON file.")
+ABLATE_FLAGS = ["ablate_steps", "ablate_rounds", "ablate_json"]
 
 def ablate(cfg, build, variants, steps: int, rounds: int) -> list[dict]:
   import jax  # pylint: disable=import-outside-toplevel
@@ -40,7 +41,7 @@ def ablate(cfg, build, variants, steps: int, rounds: int) -> list[dict]:
   for label, mesh, layout, opts in variants:
     c = dataclasses.replace(cfg, mesh=mesh, layout=layout, optimizations=opts)
     sharder, plan = train.build_sharder(c)
-    task = build(c, replicas=sharder.batch_size_divisor("batch"))
+    task = build(c, replicas=sharder.batch_size_divisor("batch") * plan.accumulation_steps)
     batches = [b for _, b in zip(range(max(steps, 1)), task.data.train(0))]
     program, state = step_lib.compile_program(task, sharder, c.seed, batches[0],
                                               next(iter(task.data.eval())), 1, plan)
@@ -106,7 +107,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str]) -> int:
-  _, entry, cfg = cli.setup(argv, verb="ablate <benchmark>")
+  _, entry, cfg = cli.setup(argv, verb="ablate <benchmark>", run_flags=ABLATE_FLAGS)
   rows = ablate(cfg, entry.build(), entry.config().ABLATIONS, FLAGS.ablate_steps,
                 FLAGS.ablate_rounds)
   print(table(rows))

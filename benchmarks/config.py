@@ -20,14 +20,15 @@ class Common:
   num_cpu_devices: int = 8          # >0: simulate this many CPU devices; 0: use real devices
   mesh: str = "data:-1"             # Mesh-TensorFlow mesh spec
   layout: str = "batch:data"        # logical dimension -> mesh axes
-  optimizations: str = "none"       # none, or a comma-separated list (optimizations/)
+  optimizations: str = "none"       # none, or comma-separated names, e.g. grad_accum:4,distributed_eval
   dtype: str = "float32"            # compute dtype: float32, bfloat16 (float64 for exactness tests)
   # Run length and evaluation.
   global_batch_size: int = 64
   eval_batch_size: int = 0          # 0: same as global_batch_size
-  max_epochs: int = 10
+  max_epochs: int = 10              # the run stops here (exit status 1) if the target is not met
   eval_every: int = 1               # epochs per block; evaluation after each block
-  eval_epochs: str = ""             # e.g. "40,50,55": evaluate after these epochs (and the last)
+  eval_epochs: tuple[int, ...] = ()   # e.g. 40,50,55: evaluate after these epochs (and the last)
+  eval_every_samples: int = 0       # samples-cadence benchmarks: training samples between evals
   seed: int = 0
   # Data.
   dataset: str = ""
@@ -50,21 +51,13 @@ def preset(presets: dict[str, Any], name: str, benchmark: str) -> Any:
   return presets[name]
 
 
-def ints(text: str, flag: str) -> tuple[int, ...]:
-  """A flag's comma-separated integers ("40,50" -> (40, 50))."""
-  try:
-    return tuple(int(t) for t in text.split(",") if t.strip())
-  except ValueError:
-    raise UserError(f"--{flag}={text}: a comma-separated list of integers") from None
-
-
 def eval_points(c: Common) -> tuple[int, ...]:
-  """The epochs after which a run evaluates: every `eval_every` epochs, or the `eval_epochs`
-  list; always the last epoch."""
-  if c.eval_epochs.strip():
-    listed = sorted(set(ints(c.eval_epochs, "eval_epochs")))
-    if listed and listed[0] < 1:
-      raise UserError(f"--eval_epochs={c.eval_epochs}: epochs count from 1")
+  """The epochs after which an epochs-cadence run evaluates: every `eval_every` epochs, or the
+  `eval_epochs` list; always the last epoch."""
+  if c.eval_epochs:
+    listed = sorted(set(c.eval_epochs))
+    if listed[0] < 1:
+      raise UserError(f"--eval_epochs={','.join(map(str, c.eval_epochs))}: epochs count from 1")
     points = [e for e in listed if e < c.max_epochs]
   else:
     points = list(range(c.eval_every, c.max_epochs, c.eval_every))
@@ -78,5 +71,7 @@ def validate_common(c: Common) -> None:
     if getattr(c, field) <= 0:
       raise UserError(f"--{field} must be positive (got {getattr(c, field)})")
   eval_points(c)
+  if c.eval_every_samples < 0:
+    raise UserError(f"--eval_every_samples must be >= 0 (got {c.eval_every_samples})")
   if c.eval_batch_size < 0:
     raise UserError(f"--eval_batch_size must be >= 0 (got {c.eval_batch_size})")

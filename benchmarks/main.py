@@ -1,7 +1,9 @@
 """Command line: `python -m benchmarks.main <benchmark> [--flag=value ...]` (run.sh calls this).
 
-Every field of a benchmark's Config is a flag of the same name that overrides the preset chosen
-with --config; `--helpfull` lists them all.
+Flags are absl flags built per benchmark: the run's own flags (below) and one flag per field of
+the chosen benchmark's Config, whose default is the value in the chosen `--config` preset. A
+flag of another benchmark, an unknown flag or a value of the wrong type is bad input: one
+`error:` line and exit status 2. `--help` lists the benchmark's flags with the preset's values.
 """
 
 from __future__ import annotations
@@ -14,37 +16,94 @@ import re
 import sys
 import typing
 
-from absl import app, flags
+from absl import flags
 
 from benchmarks import config as config_lib
 from benchmarks.registry import BENCHMARKS
 from mesh.errors import UserError
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("config", None, "Preset name: cpu (the default), tpu-v3-2048; transformer "
-                    "also cpu-model and cpu-hybrid.")
-flags.DEFINE_string("output_dir", None, "Where the MLPerf log, summary.json and checkpoints go "
-                    "(default runs/<benchmark>/<timestamp>).")
-flags.DEFINE_integer("run_index", 0, "The log goes to <output_dir>/result_<run_index>.txt.")
-flags.DEFINE_enum("division", "open", ["open", "closed"], "MLPerf division.")
-flags.DEFINE_string("submission_org", "meshperf", "MLPerf submission_org.")
-flags.DEFINE_string("submission_platform", "", "MLPerf submission_platform (default: devices).")
-flags.DEFINE_enum("submission_status", "research", ["cloud", "onprem", "preview", "research"],
-                  "MLPerf submission_status.")
-flags.DEFINE_string("submission_poc_name", "", "MLPerf submission_poc_name (default: login name).")
-flags.DEFINE_string("submission_entry", "", "MLPerf submission_entry (default: "
-                    "meshperf-<benchmark>).")
-flags.DEFINE_integer("checkpoint_every", 0, "Save an orbax checkpoint every N epochs (0: never).")
-flags.DEFINE_bool("resume", False, "Continue from the newest checkpoint in --output_dir.")
-flags.DEFINE_bool("overwrite", False, "Replace an existing result_<run_index>.txt.")
-flags.DEFINE_float("progress_every_s", 5.0, "Seconds between progress lines.")
-flags.DEFINE_string("coordinator_address", None, "Multi-host: host:port of process 0, or 'auto' "
-                    "on TPU pods (also MESHPERF_COORDINATOR).")
-flags.DEFINE_integer("num_processes", None, "Multi-host: number of processes.")
-flags.DEFINE_integer("process_id", None, "Multi-host: this process's index.")
+RUN_FLAGS = []
 
-_DEFINE = {int: flags.DEFINE_integer, float: flags.DEFINE_float, str: flags.DEFINE_string,
-           bool: flags.DEFINE_bool}
+
+def _run_flag(define, name, default, about, *enum_values):
+  if enum_values:
+    define(name, default, list(enum_values[0]), about)
+  else:
+    define(name, default, about)
+  RUN_FLAGS.append(name)
+
+
+_run_flag(flags.DEFINE_string, "config", "cpu", "Preset name (--help lists them).")
+_run_flag(flags.DEFINE_string, "output_dir", None, "Where the MLPerf log, summary.json and "
+          "checkpoints go (default runs/<benchmark>/<timestamp>).")
+_run_flag(flags.DEFINE_integer, "run_index", 0,
+          "The log goes to <output_dir>/result_<run_index>.txt.")
+_run_flag(flags.DEFINE_enum, "division", "open", "MLPerf division.", ["open", "closed"])
+_run_flag(flags.DEFINE_string, "submission_org", "meshperf", "MLPerf submission_org.")
+_run_flag(flags.DEFINE_string, "submission_platform", "",
+          "MLPerf submission_platform (default: devices).")
+_run_flag(flags.DEFINE_enum, "submission_status", "research", "MLPerf submission_status.",
+          ["cloud", "onprem", "preview", "research"])
+_run_flag(flags.DEFINE_string, "submission_poc_name", "",
+          "MLPerf submission_poc_name (default: login name).")
+_run_flag(flags.DEFINE_string, "submission_entry", "",
+          "MLPerf submission_entry (default: meshperf-<benchmark>).")
+_run_flag(flags.DEFINE_integer, "checkpoint_every", 0,
+          "Save an orbax checkpoint every N evaluations (0: never).")
+_run_flag(flags.DEFINE_bool, "resume", False, "Continue from the newest checkpoint in --output_dir.")
+_run_flag(flags.DEFINE_bool, "overwrite", False, "Replace an existing result_<run_index>.txt.")
+_run_flag(flags.DEFINE_float, "progress_every_s", 5.0, "Seconds between progress lines.")
+_run_flag(flags.DEFINE_string, "coordinator_address", None, "Multi-host: host:port of process "
+          "0, or 'auto' on TPU pods (also MESHPERF_COORDINATOR).")
+_run_flag(flags.DEFINE_integer, "num_processes", None, "Multi-host: number of processes.")
+_run_flag(flags.DEFINE_integer, "process_id", None, "Multi-host: this process's index.")
+
+
+# --- one flag per Config field ------------------------------------------------------------------
+
+class _Ints(flags.ArgumentParser):
+  """`40,50` -> (40, 50): a list-valued config field, parsed once here."""
+  syntax = "comma-separated integers, e.g. 40,50"
+
+  def parse(self, argument):
+    if isinstance(argument, (tuple, list)):
+      return tuple(argument)
+    try:
+      return tuple(int(t) for t in argument.split(",") if t.strip())
+    except ValueError:
+      raise ValueError(self.syntax) from None
+
+  def flag_type(self):
+    return "integer list"
+
+
+class _IntGroups(flags.ArgumentParser):
+  """`2;2,3;2` -> ((2,), (2, 3), (2,)): one group of integers per item."""
+  syntax = "';'-separated groups of comma-separated integers, e.g. 2;2,3;2"
+
+  def parse(self, argument):
+    if isinstance(argument, (tuple, list)):
+      return tuple(tuple(g) for g in argument)
+    try:
+      return tuple(tuple(int(t) for t in g.split(",") if t.strip()) for g in argument.split(";"))
+    except ValueError:
+      raise ValueError(self.syntax) from None
+
+  def flag_type(self):
+    return "integer groups"
+
+
+def _show(value) -> str:
+  if isinstance(value, tuple):
+    if value and isinstance(value[0], tuple):
+      return ";".join(_show(v) for v in value)
+    return ",".join(map(str, value))
+  return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+_EXPECTS = {int: "an integer", float: "a number", str: "text", bool: "true or false",
+            tuple[int, ...]: _Ints.syntax, tuple[tuple[int, ...], ...]: _IntGroups.syntax}
 
 
 def _field_comments(cls) -> dict[str, str]:
@@ -56,45 +115,108 @@ def _field_comments(cls) -> dict[str, str]:
   return out
 
 
-def _define_config_flags() -> None:
-  """One flag per Config field of every benchmark (same name, same type across benchmarks)."""
-  seen = {}
-  for entry in BENCHMARKS.values():
-    cls = entry.config().Config
-    hints = typing.get_type_hints(cls)
-    comments = _field_comments(cls)
-    for f in dataclasses.fields(cls):
-      typ = hints[f.name]
-      if f.name in seen:
-        if seen[f.name] is not typ:
-          raise TypeError(f"config field {f.name} has two types")
-        continue
-      seen[f.name] = typ
-      about = comments.get(f.name, f.name.replace("_", " "))
-      _DEFINE[typ](f.name, None, f"{about} (default: the preset's; "
-                                 f"{cls.__module__.split('.')[1]} {f.default!r}).")
+def _define_config_flags(cls, preset) -> dict[str, type]:
+  """One flag per field of `cls`, defaulting to the preset's value. Returns field -> type."""
+  hints = typing.get_type_hints(cls)
+  comments = _field_comments(cls)
+  types = {}
+  for f in dataclasses.fields(cls):
+    typ, value = hints[f.name], getattr(preset, f.name)
+    about = comments.get(f.name, f.name.replace("_", " "))
+    if typ == tuple[int, ...]:
+      flags.DEFINE(_Ints(), f.name, value, about, serializer=flags.ArgumentSerializer())
+    elif typ == tuple[tuple[int, ...], ...]:
+      flags.DEFINE(_IntGroups(), f.name, value, about, serializer=flags.ArgumentSerializer())
+    else:
+      {int: flags.DEFINE_integer, float: flags.DEFINE_float, str: flags.DEFINE_string,
+       bool: flags.DEFINE_bool}[typ](f.name, value, about)
+    types[f.name] = typ
+  return types
 
 
-_define_config_flags()
+def _flag_value(argv: list[str], name: str) -> str | None:
+  """The value of `--name=V` / `--name V` in argv, before absl parses it (last one wins)."""
+  value = None
+  for i, a in enumerate(argv):
+    if a.startswith(f"--{name}="):
+      value = a.split("=", 1)[1]
+    elif a == f"--{name}" and i + 1 < len(argv):
+      value = argv[i + 1]
+  return value
 
 
-def _overrides(cls) -> dict:
-  return {f.name: FLAGS[f.name].value for f in dataclasses.fields(cls)
-          if FLAGS[f.name].present or FLAGS[f.name].value is not None}
+def _owners(flag: str) -> list[str]:
+  """The benchmarks whose Config has a field `flag`."""
+  return [n for n, e in BENCHMARKS.items()
+          if flag in {f.name for f in dataclasses.fields(e.config().Config)}]
 
 
-def setup(argv: list[str], verb: str = "<benchmark>"):
-  """Parses the benchmark name and config flags, then starts the devices. Returns
-  (name, registry entry, config). Bad input raises UserError before jax starts."""
-  if len(argv) != 2 or argv[1] not in BENCHMARKS:
-    raise UserError(f"usage: run.sh {verb} [--flag=value ...] with benchmark one of "
-                    f"{', '.join(BENCHMARKS)}" + (f" (got '{' '.join(argv[1:])}')"
-                                                  if len(argv) > 1 else ""))
+def _parse_error(e: flags.Error, name: str, types: dict) -> UserError:
+  text = str(e)
+  hint = f"`./run.sh {name} --help` lists {name}'s flags"
+  if isinstance(e, flags.UnrecognizedFlagError):
+    flag = e.flagname
+    if flag.startswith("no") and flag[2:] in types:   # --nofoo for a non-boolean foo
+      return UserError(f"--{flag}: --{flag[2:]} is not a true/false flag; {hint}")
+    owners = _owners(flag)
+    if owners:
+      return UserError(f"--{flag} is a flag of {', '.join(owners)}, not of {name}; {hint}")
+    return UserError(f"unknown flag --{flag}; {hint}")
+  m = re.match(r"flag --(\w+)=(.*?): ", text)
+  if m:
+    flag, value = m.groups()
+    what = _EXPECTS.get(types.get(flag), None) or re.sub(r"^flag --\w+=.*?: ", "", text)
+    return UserError(f"--{flag}={value}: expects {what}")
+  return UserError(f"{text}; {hint}")
+
+
+def _help(name: str, preset_name: str, cfg, presets, run_flags: list[str]) -> str:
+  entry = BENCHMARKS[name]
+  spec = entry.spec
+  lines = [f"usage: ./run.sh {name} [--flag=value ...]",
+           f"{name}: MLPerf '{spec.mlperf_name}' (rulesets {', '.join(spec.rulesets)}); metric "
+           f"{spec.metric}, {'higher' if spec.higher_is_better else 'lower'} is better; "
+           f"evaluates every {'N epochs' if spec.cadence == 'epochs' else 'N samples'}",
+           f"presets (--config): {', '.join(presets)}", "",
+           f"{name} flags (values of --config={preset_name}):"]
+  for f in dataclasses.fields(cfg):
+    lines.append(f"  --{f.name}={_show(getattr(cfg, f.name))}".ljust(40) + "  " + FLAGS[f.name].help)
+  lines += ["", "run flags:"]
+  for n in run_flags:
+    fl = FLAGS[n]
+    default = "" if fl.default is None else _show(fl.default)
+    lines.append(f"  --{n}={default}".ljust(40) + "  " + fl.help)
+  return "\n".join(lines)
+
+
+def setup(argv: list[str], verb: str = "<benchmark>", run_flags: list[str] | None = None):
+  """Parses `<benchmark> [flags]` (argv[0] is the program), starts the devices and returns
+  (name, registry entry, config). Bad input raises UserError before jax starts; `--help`
+  prints the benchmark's flags and exits 0."""
+  run_flags = RUN_FLAGS + (run_flags or [])
+  names = ", ".join(BENCHMARKS)
+  if len(argv) < 2 or argv[1].startswith("-"):
+    raise UserError(f"name a benchmark: run.sh {verb} [--flag=value ...] with benchmark one of "
+                    f"{names}")
   name = argv[1]
+  if name not in BENCHMARKS:
+    raise UserError(f"unknown benchmark '{name}'; choose one of {names}")
   entry = BENCHMARKS[name]
   mod = entry.config()
-  cfg = config_lib.preset(mod.PRESETS, FLAGS.config or "cpu", name)
-  cfg = config_lib.replace(cfg, _overrides(mod.Config))
+  preset_name = _flag_value(argv, "config") or "cpu"
+  preset = config_lib.preset(mod.PRESETS, preset_name, name)
+  types = _define_config_flags(mod.Config, preset)
+  rest = [argv[0]] + argv[2:]
+  if any(a in ("--help", "-h", "--helpfull", "--helpshort", "-?") for a in rest):
+    print(_help(name, preset_name, preset, mod.PRESETS, run_flags))
+    sys.exit(0)
+  try:
+    extra = FLAGS(rest)[1:]
+  except flags.Error as e:
+    raise _parse_error(e, name, types) from None
+  if extra:
+    raise UserError(f"unexpected argument '{extra[0]}'; flags are written --name=value")
+  cfg = config_lib.replace(preset, {n: FLAGS[n].value for n in types if FLAGS[n].present})
   config_lib.validate_common(cfg)
 
   # Devices first: simulated CPU devices must be set before jax starts.
@@ -104,6 +226,8 @@ def setup(argv: list[str], verb: str = "<benchmark>"):
     parse_mesh,
   )
   parse_mesh(cfg.mesh), parse_layout(cfg.layout)   # malformed strings fail before jax starts
+  import optimizations  # pylint: disable=import-outside-toplevel
+  optimizations.parse(cfg.optimizations)          # unknown names fail before jax starts
   devices.use_cpu_devices(cfg.num_cpu_devices)
   devices.maybe_initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes,
                                        FLAGS.process_id)
@@ -112,7 +236,7 @@ def setup(argv: list[str], verb: str = "<benchmark>"):
 
 
 def main(argv: list[str]) -> int:
-  name, entry, cfg = setup(argv)
+  name, _, cfg = setup(argv)
   from benchmarks import train  # pylint: disable=import-outside-toplevel
   stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
   opts = train.RunOptions(
@@ -123,19 +247,18 @@ def main(argv: list[str]) -> int:
       submission_poc_name=FLAGS.submission_poc_name, submission_entry=FLAGS.submission_entry,
       resume=FLAGS.resume, overwrite=FLAGS.overwrite, progress_every_s=FLAGS.progress_every_s)
   train.check_output(opts)
-  summary = train.run(cfg, entry.build(), opts)
+  summary = train.run(cfg, name, opts)
   return 0 if summary["status"] == "success" else 1
 
 
 def run_main(fn):
-  """absl's app.run with UserError turned into one line and exit status 2."""
-  def wrapped(argv):
-    try:
-      sys.exit(fn(argv))
-    except UserError as e:
-      print(f"error: {e}", file=sys.stderr)
-      sys.exit(2)
-  app.run(wrapped)
+  """Runs `fn(sys.argv)` with UserError turned into one `error:` line and exit status 2."""
+  try:
+    code = fn(sys.argv)
+  except UserError as e:
+    print(f"error: {e}", file=sys.stderr)
+    code = 2
+  sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,9 @@
-"""Benchmarks by name. Config modules import no jax; suites are imported only when run."""
+"""Benchmarks by name: adding one is a folder and a line here.
+
+Each entry names a benchmark's config module (no jax: Config, PRESETS, validate, ABLATIONS,
+SPEC) and its suite module (build -> Task); see `benchmarks.task`. Suites are imported only
+when a benchmark runs.
+"""
 
 from __future__ import annotations
 
@@ -6,21 +11,37 @@ import dataclasses
 import importlib
 from typing import Any, Callable
 
+_MODULES = {
+    "resnet": "benchmarks.resnet",
+    "transformer": "benchmarks.transformer",
+    "ssd": "benchmarks.ssd",
+    "lm": "benchmarks.lm",
+}
+
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
-  config_module: str   # defines Config, PRESETS, validate
-  suite_module: str    # defines build(cfg, replicas, process_index, process_count) -> Task
+  name: str
+  package: str
 
   def config(self):
-    return importlib.import_module(self.config_module)
+    """The config module: Config, PRESETS, validate, ABLATIONS, SPEC."""
+    return importlib.import_module(f"{self.package}.config")
+
+  @property
+  def spec(self):
+    return self.config().SPEC
 
   def build(self) -> Callable[..., Any]:
-    return importlib.import_module(self.suite_module).build
+    return importlib.import_module(f"{self.package}.suite").build
 
 
-BENCHMARKS = {
-    "resnet": Entry("benchmarks.resnet.config", "benchmarks.resnet.suite"),
-    "transformer": Entry("benchmarks.transformer.config", "benchmarks.transformer.suite"),
-    "ssd": Entry("benchmarks.ssd.config", "benchmarks.ssd.suite"),
-}
+BENCHMARKS = {name: Entry(name, package) for name, package in _MODULES.items()}
+
+
+def by_mlperf_name(mlperf_name: str) -> Entry | None:
+  """The benchmark that logs `submission_benchmark` = mlperf_name."""
+  for entry in BENCHMARKS.values():
+    if entry.spec.mlperf_name == mlperf_name:
+      return entry
+  return None

@@ -2,8 +2,10 @@
 
 The state is sharded by dimension names. Gradients are summed either by GSPMD (an implicit
 all-reduce) or, when a plan asks for explicit collectives (2-D summation, weight-update
-sharding), inside a `jax.shard_map` over the data-parallel axes: each replica computes its
-local gradients and the plan's `Reduction` sums them as one bucket.
+sharding, accumulation), inside a `jax.shard_map` over the data-parallel axes: each replica
+computes its local gradients and the plan's update rule sums them with the plan's `Reduction`
+as one bucket. The builder composes the plan's parts (`optimizations.Plan`); it has no branch
+per optimization.
 """
 
 from __future__ import annotations
@@ -15,16 +17,16 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import linen as nn
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
-from benchmarks.task import Task
-from mesh import collectives as coll
+import optimizations
+from benchmarks.task import LossAux, Task
 from mesh import cost
 from mesh.errors import UserError
 from mesh.sharding import Sharder, follow_params, manual, names_of, spec_entry, use
-from optimizations import Plan, batch_axes
+from mesh.spec import MeshSpec
+from optimizations import Plan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,9 +46,18 @@ class Program:
   eval_cost: dict[str, Any]
 
 
-def default_plan(sharder: Sharder) -> Plan:
-  return Plan(layout=sharder.layout, batch_axes=batch_axes(sharder.layout, sharder.mesh.shape),
-              distributed_eval=True)
+@dataclasses.dataclass(frozen=True)
+class StepContext:
+  """What a plan's parts (update rule, reduction) see of the step being built."""
+  sharder: Sharder
+  plan: Plan
+  param_shardings: Any
+
+
+def plain_plan(sharder: Sharder) -> Plan:
+  """The plan of `--optimizations=none` on this sharder's mesh and layout."""
+  spec = MeshSpec(tuple((n, int(s)) for n, s in sharder.mesh.shape.items()))
+  return optimizations.plan("none", sharder.layout, spec)
 
 
 def global_batch(batch: dict[str, np.ndarray], shardings: dict[str, Any]) -> dict[str, jax.Array]:
@@ -58,8 +69,59 @@ def _shape_of(batch: dict[str, np.ndarray], process_count: int, shardings) -> di
                                   sharding=shardings[k]) for k, v in batch.items()}
 
 
-def _rows_sharding(sharder: Sharder, axes: tuple[str, ...]) -> NamedSharding:
-  return NamedSharding(sharder.mesh, PartitionSpec(spec_entry(axes), None))
+def _means(total, aux: LossAux, metrics_total=None):
+  """Loss and metrics as means over the weight (after every sum is complete)."""
+  metrics = aux.metrics if metrics_total is None else metrics_total
+  return total / aux.weight, {k: v / aux.weight for k, v in metrics.items()}
+
+
+def train_step_fn(task: Task, ctx: StepContext):
+  """The training step (state, batch) -> (state, metrics) as the plan composes it:
+  gradients of the loss sum (through the plan's gradient wrappers, e.g. accumulation), summed
+  over replicas (GSPMD, or the plan's explicit reduction inside a data-parallel shard_map),
+  divided by the total weight, then applied by the plan's update rule."""
+  plan, tx = ctx.plan, task.optimizer
+  grad_fn = jax.value_and_grad(task.loss, has_aux=True)
+  for wrap in plan.gradient_wrappers:
+    grad_fn = wrap(grad_fn)
+  axes = plan.batch_axes
+  batch_spec = PartitionSpec(spec_entry(axes))
+
+  def gspmd_grads(params, model_state, batch, rng):
+    (total, aux), grads = grad_fn(params, model_state, batch, rng)
+    loss, metrics = _means(total, aux)
+    return loss, aux.model_state, metrics, jax.tree.map(lambda g: g / aux.weight, grads)
+
+  def explicit_grads(params, model_state, batch, rng):
+    """Local gradients on each replica's rows, summed by the plan's explicit collectives."""
+    def local(params, model_state, batch, rng):
+      rng = jax.random.fold_in(rng, jax.lax.axis_index(axes))   # own dropout masks per replica
+      with manual(axes):
+        (total, aux), grads = grad_fn(params, model_state, batch, rng)
+      total, weight, metrics = jax.lax.psum((total, aux.weight, aux.metrics), axes)
+      model_state = jax.lax.pmean(aux.model_state, axes)
+      grads = jax.tree.map(lambda g: g / weight, plan.update.reduce(grads, ctx))
+      loss, metrics = _means(total, aux._replace(weight=weight), metrics)
+      return loss, model_state, metrics, grads
+
+    batch_specs = {k: batch_spec for k in batch}
+    return jax.shard_map(local, mesh=ctx.sharder.mesh,
+                         in_specs=(PartitionSpec(), PartitionSpec(), batch_specs, PartitionSpec()),
+                         out_specs=(PartitionSpec(), PartitionSpec(), PartitionSpec(),
+                                    plan.update.out_spec(ctx)),
+                         axis_names=set(axes), check_vma=False)(params, model_state, batch, rng)
+
+  grads_of = gspmd_grads if plan.reduction is None else explicit_grads
+
+  def train_step(state, batch):
+    rng_step = jax.random.fold_in(state["rng"], state["step"])
+    loss, model_state, metrics, grads = grads_of(state["params"], state["model_state"], batch,
+                                                 rng_step)
+    params, opt_state = plan.update.apply(tx, grads, state["opt_state"], state["params"], ctx)
+    metrics = {"loss": loss, **metrics, "lr": task.learning_rate(state["step"])}
+    return {"step": state["step"] + 1, "rng": state["rng"], "params": params,
+            "model_state": model_state, "opt_state": opt_state}, metrics
+  return train_step
 
 
 def compile_program(task: Task, sharder: Sharder, seed: int, train_example: dict,
@@ -68,10 +130,10 @@ def compile_program(task: Task, sharder: Sharder, seed: int, train_example: dict
   """Shards the state by dimension names, initializes it and compiles the steps (AOT).
 
   `train_example`/`eval_example` are local batches that fix shapes (no eval example: no eval
-  step, for programs that only train). Returns the program and the initial state:
-  {"step", "rng", "params", "model_state", "opt_state"}.
+  step, for programs that only train). No plan: `--optimizations=none`. Returns the program and
+  the initial state: {"step", "rng", "params", "model_state", "opt_state"}.
   """
-  plan = plan or default_plan(sharder)
+  plan = plan or plain_plan(sharder)
   tx = task.optimizer
   init_rng, train_rng = jax.random.split(jax.random.PRNGKey(seed))
   boxed = jax.eval_shape(task.init, init_rng)
@@ -79,17 +141,11 @@ def compile_program(task: Task, sharder: Sharder, seed: int, train_example: dict
   var_shardings = sharder.tree(names, shapes)
   repl = sharder.replicated()
   param_shapes, param_shardings = shapes["params"], var_shardings["params"]
-  axes = plan.batch_axes
-  n = plan.reduction.replicas if plan.reduction else 1
-  if plan.shard_update:
-    # The optimizer sees every parameter as (n, m) rows, row i on replica i.
-    row_shapes = jax.eval_shape(lambda p: coll.to_rows(p, n), param_shapes)
-    row_sh = jax.tree.map(lambda _: _rows_sharding(sharder, axes), row_shapes)
-    opt_shapes = jax.eval_shape(tx.init, row_shapes)
-    opt_shardings = follow_params(opt_shapes, row_shapes, row_sh, repl)
-  else:
-    opt_shapes = jax.eval_shape(tx.init, param_shapes)
-    opt_shardings = follow_params(opt_shapes, param_shapes, param_shardings, repl)
+  ctx = StepContext(sharder, plan, param_shardings)
+  view_shapes = jax.eval_shape(lambda p: plan.update.view(p, ctx), param_shapes)
+  opt_shapes = jax.eval_shape(tx.init, view_shapes)
+  opt_shardings = follow_params(opt_shapes, view_shapes,
+                                plan.update.view_shardings(view_shapes, ctx), repl)
   state_shardings = {
       "step": repl, "rng": repl, "params": param_shardings,
       "model_state": {k: v for k, v in var_shardings.items() if k != "params"},
@@ -98,61 +154,8 @@ def compile_program(task: Task, sharder: Sharder, seed: int, train_example: dict
   def init_state(r):
     variables = nn.meta.unbox(task.init(r))
     params = variables.pop("params")
-    opt_params = coll.to_rows(params, n) if plan.shard_update else params
     return {"step": jnp.zeros((), jnp.int32), "rng": train_rng, "params": params,
-            "model_state": variables, "opt_state": tx.init(opt_params)}
-
-  grad_fn = jax.value_and_grad(task.loss, has_aux=True)
-  batch_spec = PartitionSpec(spec_entry(axes))
-
-  def manual_grads(params, model_state, batch, rng):
-    """Local gradients on each replica's batch, summed by the plan's explicit collectives."""
-    def local(params, model_state, batch, rng):
-      rng = jax.random.fold_in(rng, jax.lax.axis_index(axes))   # own dropout masks per replica
-      with manual(axes):
-        (loss, (model_state, metrics)), grads = grad_fn(params, model_state, batch, rng)
-      loss, model_state, metrics = jax.lax.pmean((loss, model_state, metrics), axes)
-      if plan.shard_update:
-        g = plan.reduction.reduce_scatter(coll.concat_rows(coll.to_rows(grads, n))) / n
-      else:
-        g = coll.unflatten(plan.reduction.all_reduce(coll.flatten(grads)) / n, grads)
-      return loss, model_state, metrics, g
-
-    out_g = PartitionSpec(batch_spec[0], None) if plan.shard_update else PartitionSpec()
-    batch_specs = {k: batch_spec for k in batch}
-    return jax.shard_map(local, mesh=sharder.mesh,
-                         in_specs=(PartitionSpec(), PartitionSpec(), batch_specs, PartitionSpec()),
-                         out_specs=(PartitionSpec(), PartitionSpec(), PartitionSpec(), out_g),
-                         axis_names=set(axes), check_vma=False)(params, model_state, batch, rng)
-
-  def train_step(state, batch):
-    rng_step = jax.random.fold_in(state["rng"], state["step"])
-    params = state["params"]
-    if plan.reduction is None:
-      (loss, (model_state, metrics)), grads = grad_fn(params, state["model_state"], batch,
-                                                      rng_step)
-    else:
-      loss, model_state, metrics, grads = manual_grads(params, state["model_state"], batch,
-                                                       rng_step)
-    if plan.shard_update:
-      rows_sh = _rows_sharding(sharder, axes)
-      p_rows = jax.tree.map(lambda r: jax.lax.with_sharding_constraint(r, rows_sh),
-                            coll.to_rows(params, n))            # each replica's slice: no copy
-      g_rows = coll.split_rows(grads, p_rows)
-      updates, opt_state = tx.update(g_rows, state["opt_state"], p_rows)
-      new_rows = optax.apply_updates(p_rows, updates)
-      gathered = jax.shard_map(     # one bucketed all-gather (per phase) of the new weights
-          plan.reduction.all_gather, mesh=sharder.mesh, in_specs=PartitionSpec(batch_spec[0]),
-          out_specs=PartitionSpec(), axis_names=set(axes),
-          check_vma=False)(coll.concat_rows(new_rows))
-      params = jax.lax.with_sharding_constraint(
-          coll.from_rows(coll.split_rows(gathered, new_rows), params), param_shardings)
-    else:
-      updates, opt_state = tx.update(grads, state["opt_state"], params)
-      params = optax.apply_updates(params, updates)
-    metrics = {"loss": loss, **metrics, "lr": task.learning_rate(state["step"])}
-    return {"step": state["step"] + 1, "rng": state["rng"], "params": params,
-            "model_state": model_state, "opt_state": opt_state}, metrics
+            "model_state": variables, "opt_state": tx.init(plan.update.view(params, ctx))}
 
   batch_shardings = {k: sharder.named(v) for k, v in task.data.names.items()}
   for example in (train_example, eval_example or {}):   # clear errors before jit's own
@@ -167,14 +170,15 @@ def compile_program(task: Task, sharder: Sharder, seed: int, train_example: dict
     state_shapes = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
     train_c = jax.jit(
-        train_step,
+        train_step_fn(task, ctx),
         in_shardings=(state_shardings, {k: batch_shardings[k] for k in train_example}),
         out_shardings=(state_shardings, repl), donate_argnums=0).lower(
             state_shapes, _shape_of(train_example, process_count, batch_shardings)).compile()
   eval_c, eval_device = None, None
   if eval_example is not None:
     eval_c, eval_device = _compile_eval(task, sharder, plan, state_shapes, batch_shardings,
-                                        batch_spec, eval_example, process_count)
+                                        PartitionSpec(spec_entry(plan.batch_axes)),
+                                        eval_example, process_count)
   compile_s = time.time() - t0
   return Program(sharder, plan, state_shardings, state_shapes, batch_shardings, train_c, eval_c,
                  eval_device, task.host_stats, compile_s, cost.analyze(train_c),

@@ -1,13 +1,52 @@
-"""The contract between a benchmark suite and the shared training loop."""
+"""The contract between a benchmark and the shared training loop.
+
+A benchmark is one folder under `benchmarks/` with two modules, named in `benchmarks.registry`:
+- `config.py` (no jax): `Config` (a frozen dataclass extending `benchmarks.config.Common`),
+  `PRESETS` (at least `cpu`, the offline CPU default, and `tiny`, seconds-long for the contract
+  test), `validate(cfg)`, `ABLATIONS` and `SPEC`, a `Spec`: what the benchmark declares.
+- `suite.py`: `build(cfg, replicas, process_index, process_count) -> Task`.
+The loop assumes nothing else: not the metric's direction, not how progress is counted.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
-
-import optax
+from typing import Any, Callable, NamedTuple
 
 from benchmarks.data import Data
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+  """What a benchmark declares (importable without jax)."""
+  mlperf_name: str                 # submission_benchmark, e.g. "resnet", "llama31_8b"
+  rulesets: tuple[str, ...]        # MLPerf training rulesets that define it (./run.sh check)
+  metric: str                      # what eval_accuracy logs, e.g. "top-1 accuracy"
+  target_field: str                # the Config field that holds the quality target
+  higher_is_better: bool = True    # False: the run succeeds at or below the target
+  cadence: str = "epochs"          # "epochs": evaluate after eval_every epochs or eval_epochs;
+                                   # "samples": every eval_every_samples training samples
+
+  def __post_init__(self):
+    if self.cadence not in ("epochs", "samples"):
+      raise ValueError(f"cadence is 'epochs' or 'samples', not {self.cadence!r}")
+
+  def target(self, cfg) -> float:
+    return float(getattr(cfg, self.target_field))
+
+  def reached(self, quality: float, target: float) -> bool:
+    return quality >= target if self.higher_is_better else quality <= target
+
+
+class LossAux(NamedTuple):
+  """What a loss returns beside its sum: the weight the sum is over (examples, or tokens),
+  the new model state (batch-norm statistics) and metric sums over the same weight.
+
+  The step divides sums by the total weight only after reducing both over every replica and
+  micro-batch, so the mean is exact under any sharding, reduction or accumulation."""
+  weight: Any
+  model_state: dict
+  metrics: dict
 
 
 @dataclasses.dataclass(frozen=True)
@@ -16,28 +55,27 @@ class Task:
 
   init(rng) -> variables: {"params": boxed tree, <collection>: boxed tree, ...} whose leaves are
     flax `LogicallyPartitioned` boxes (dimension names) or plain arrays (replicated).
-  loss(params, model_state, batch, rng) -> (loss, (new_model_state, metrics dict)).
+  loss(params, model_state, batch, rng) -> (sum of the per-example or per-token loss over the
+    batch, LossAux(weight, new model_state, metric sums)).
   eval_stats(params, model_state, batch) -> dict of sums over the batch (masked), or, with
     `host_stats`, a dict of per-example outputs (leading batch dimension).
   host_stats(outputs, local batch) -> dict of sums (numbers) or records (arrays with a leading
     row dimension), computed on each host from the rows of its own batch (decoded sentences ->
     BLEU statistics, detections -> COCO rows); the loop sums numbers and concatenates records
     over batches and processes.
-  quality(stats reduced over the eval set) -> float, compared with `target`.
+  quality(stats reduced over the eval set) -> float, compared with the Spec's target.
   warm_start() -> {"params": {...}, "model_state": {...}}: partial trees of host arrays that
     replace the initialized values at the same paths (pretrained weights), or None.
-  hparams: (key, value) or (key, value, metadata) MLPerf events.
+  hparams: (key, value) or (key, value, metadata) MLPerf events the benchmark owns (the loop
+    logs seed, global_batch_size and gradient_accumulation_steps itself).
   """
-  benchmark: str                    # MLPerf benchmark name (submission_benchmark)
   init: Callable[[Any], dict]
   loss: Callable[..., Any]
   eval_stats: Callable[..., dict]
   quality: Callable[[dict], float]
-  quality_name: str                 # e.g. "top-1 accuracy"
-  target: float
-  optimizer: optax.GradientTransformation
+  optimizer: Any                    # optax.GradientTransformation
   learning_rate: Callable[[Any], Any]
   data: Data
-  hparams: tuple[tuple, ...]        # MLPerf hyperparameter events, logged before run_start
+  hparams: tuple[tuple, ...]
   host_stats: Callable[[dict, dict], dict] | None = None
   warm_start: Callable[[], dict] | None = None

@@ -14,12 +14,19 @@ import subprocess
 import sys
 import tempfile
 
-# The training rulesets that define each benchmark (see REFERENCE.md).
-RULESETS = {
-    "resnet": ("0.7.0", "1.0.0"),
-    "transformer": ("0.6.0", "0.7.0"),
-    "ssd": ("0.7.0", "1.0.0"),
-}
+
+
+def rulesets_of(mlperf_name: str | None) -> tuple[str, ...]:
+  """The training rulesets a registered benchmark declares for its MLPerf name (its Spec)."""
+  from benchmarks import registry  # pylint: disable=import-outside-toplevel
+  entry = registry.by_mlperf_name(mlperf_name) if mlperf_name else None
+  return entry.spec.rulesets if entry else ()
+
+
+def known_names() -> list[str]:
+  from benchmarks import registry  # pylint: disable=import-outside-toplevel
+  return [e.spec.mlperf_name for e in registry.BENCHMARKS.values()]
+
 _SEPARATOR = "-" * 30
 
 
@@ -106,12 +113,12 @@ def check_path(path: str, rulesets: tuple[str, ...] | None = None) -> list[Check
   results = []
   for log in logs:
     bench = benchmark_of(log)
-    if bench not in RULESETS:
+    if not rulesets_of(bench):
       results.append(CheckResult(log, "-", False, (
           f"no known submission_benchmark in the log (found {bench!r}); meshperf checks "
-          f"{', '.join(RULESETS)}",)))
+          f"{', '.join(known_names())}",)))
       continue
-    for ruleset in rulesets or RULESETS[bench]:
+    for ruleset in rulesets or rulesets_of(bench):
       results.append(check_file(log, ruleset))
   return results
 

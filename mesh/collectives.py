@@ -19,7 +19,6 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 
-from mesh.sharding import manual_axes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,18 +124,3 @@ def group_mean(x: jax.Array, axes: tuple[str, ...], replicas_per_group: int) -> 
   r = everyone.shape[0]
   groups = everyone.reshape((r // replicas_per_group, replicas_per_group) + x.shape).mean(1)
   return groups[jax.lax.axis_index(axes) // replicas_per_group]
-
-
-def batch_mean(total: jax.Array, count: jax.Array) -> jax.Array:
-  """`total / count` for sums over a batch, such that the mean over data-parallel replicas of
-  each replica's value is the global `sum(total) / sum(count)`.
-
-  Under GSPMD the arrays are global and this is a plain division. Inside a shard_map over the
-  data-parallel axes (manual, see `mesh.sharding.manual`) each replica sees its own share, whose
-  count differs from replica to replica (tokens per batch of sentences): dividing by the mean
-  count over replicas keeps the replicas' mean (and so the averaged gradients) exact.
-  """
-  axes = manual_axes()
-  if axes:
-    count = jax.lax.psum(count, axes) / jax.lax.axis_size(axes)
-  return total / count

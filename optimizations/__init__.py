@@ -1,49 +1,100 @@
-"""Pluggable pod-scale optimizations, chosen by name: `--optimizations=a,b` (or `none`).
+"""Pluggable pod-scale optimizations, chosen by name: `--optimizations=a,b:arg` (or `none`).
 
 Each optimization is one module with one `OPTIMIZATION`: a name, a one-line summary and
-`apply(plan, mesh) -> plan`, which checks that it can apply (raising UserError otherwise) and
-returns the step plan with its change. The training loop builds the step from the final plan;
-models never see optimizations, and optimizations only speak to the mesh core.
+`apply(plan, mesh, arg) -> plan`, which checks that it can apply (raising UserError otherwise)
+and returns the step plan with its change: a layout rule, a gradient reduction, an update
+rule, a wrapper of the gradient function, the eval placement. `arg` is the text after `:`
+(`grad_accum:4`), None when absent. The step builder (`benchmarks/step.py`) composes the plan's
+parts without knowing which optimization set them; models never see optimizations, and
+optimizations only speak to the mesh core.
+
+Order of composition (`_MODULES`, whatever order the user wrote): spatial_partitioning (layout)
+-> grad_sum_2d (reduction phases) -> weight_update_sharding (update rule, reduction) ->
+grad_accum (gradient wrapper) -> distributed_eval (eval placement).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
-from typing import Callable
+from typing import Any, Callable
 
 from mesh.collectives import Reduction
 from mesh.errors import UserError
 from mesh.spec import Layout, MeshSpec
 
+_MODULES = ("spatial_partitioning", "grad_sum_2d", "weight_update_sharding", "grad_accum",
+            "distributed_eval")
+
+
+class Update:
+  """How the optimizer applies the summed gradients. This default: every replica updates every
+  parameter, with the whole optimizer state (replicated over the data-parallel axes).
+
+  `view` maps the parameters to what the optimizer sees (its state has that shape), `reduce`
+  sums replicas' gradients inside the data-parallel shard_map (`out_spec` is its output's
+  PartitionSpec there), `apply` returns the new parameters and optimizer state. `ctx` is the
+  step builder's `StepContext` (sharder, plan, parameter shardings)."""
+
+  def view(self, params, ctx):
+    del ctx
+    return params
+
+  def view_shardings(self, view_shapes, ctx):
+    del view_shapes
+    return ctx.param_shardings
+
+  def reduce(self, grads, ctx):
+    from mesh import collectives as coll  # pylint: disable=import-outside-toplevel
+    return coll.unflatten(ctx.plan.reduction.all_reduce(coll.flatten(grads)), grads)
+
+  def out_spec(self, ctx):
+    del ctx
+    from jax.sharding import PartitionSpec  # pylint: disable=import-outside-toplevel
+    return PartitionSpec()
+
+  def apply(self, tx, grads, opt_state, params, ctx):
+    import optax  # pylint: disable=import-outside-toplevel
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+
+GradFn = Callable[..., Any]   # (params, model_state, batch, rng) -> ((sum, LossAux), grads)
+
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-  """How a training step is built."""
+  """How a training step is built: the parts optimizations may change."""
   layout: Layout
   batch_axes: tuple[str, ...]           # mesh axes the batch is split over (data-parallel)
   reduction: Reduction | None = None    # None: GSPMD's implicit all-reduce of gradients
-  shard_update: bool = False            # weight-update sharding
+  update: Update = Update()             # how the optimizer applies the summed gradients
+  gradient_wrappers: tuple[Callable[[GradFn], GradFn], ...] = ()   # applied in order
+  accumulation_steps: int = 1           # micro-batches per step (MLPerf gradient_accumulation)
   distributed_eval: bool = False        # eval sharded over all devices, stats reduced on device
-  enabled: tuple[str, ...] = ()
+  enabled: tuple[str, ...] = ()         # as written, with arguments: ("grad_accum:4", ...)
+
+  def describe(self) -> dict:
+    """For summary.json: what each part of the step is."""
+    return {"layout": str(self.layout), "batch_axes": list(self.batch_axes),
+            "gradient_sum": ("gspmd all-reduce" if self.reduction is None else
+                             " then ".join("+".join(p) for p in self.reduction.phases)),
+            "update": type(self.update).__name__,
+            "gradient_accumulation_steps": self.accumulation_steps,
+            "eval": "distributed" if self.distributed_eval else "single device"}
 
 
 @dataclasses.dataclass(frozen=True)
 class Optimization:
   name: str
   summary: str
-  apply: Callable[[Plan, MeshSpec], Plan]
+  apply: Callable[[Plan, MeshSpec, str | None], Plan]
+  argument: str = ""      # what `name:ARG` means ("" : takes none)
 
 
 def _registry() -> dict[str, Optimization]:
-  # Order matters: it is the order plans are transformed in.
-  from optimizations import (  # pylint: disable=import-outside-toplevel
-    distributed_eval,
-    grad_sum_2d,
-    spatial_partitioning,
-    weight_update_sharding,
-  )
-  mods = (spatial_partitioning, grad_sum_2d, weight_update_sharding, distributed_eval)
+  mods = [importlib.import_module(f"optimizations.{m}") for m in _MODULES]
   return {m.OPTIMIZATION.name: m.OPTIMIZATION for m in mods}
 
 
@@ -51,20 +102,29 @@ def names() -> tuple[str, ...]:
   return tuple(_registry())
 
 
-def parse(text: str) -> tuple[str, ...]:
-  """`none`, or comma-separated names (unknown names are an error)."""
+def parse(text: str) -> tuple[tuple[str, str | None], ...]:
+  """`none`, or comma-separated `name` / `name:arg` (unknown names are an error)."""
   text = (text or "none").strip()
   if text == "none":
     return ()
-  chosen = tuple(t.strip() for t in text.split(",") if t.strip())
   known = _registry()
-  for name in chosen:
+  chosen = []
+  for item in (t.strip() for t in text.split(",")):
+    if not item:
+      raise UserError(f"--optimizations={text} has an empty entry; write e.g. "
+                      f"grad_accum:4,weight_update_sharding")
+    name, _, arg = item.partition(":")
+    name, arg = name.strip(), (arg.strip() if ":" in item else None)
     if name not in known:
       raise UserError(f"unknown optimization '{name}'; choose from {', '.join(known)} "
                       f"(comma-separated) or none")
-  if len(set(chosen)) != len(chosen):
+    if arg is not None and not known[name].argument:
+      raise UserError(f"--optimizations: {name} takes no argument (got '{item}')")
+    chosen.append((name, arg))
+  names_ = [n for n, _ in chosen]
+  if len(set(names_)) != len(names_):
     raise UserError(f"--optimizations={text} names an optimization twice")
-  return chosen
+  return tuple(chosen)
 
 
 def batch_axes(layout: Layout, mesh_axes) -> tuple[str, ...]:
@@ -74,11 +134,12 @@ def batch_axes(layout: Layout, mesh_axes) -> tuple[str, ...]:
 
 def plan(text: str, layout: Layout, mesh: MeshSpec) -> Plan:
   """The step plan for `--optimizations=text` on this (resolved) mesh and layout."""
-  chosen = parse(text)
-  p = Plan(layout=layout, batch_axes=batch_axes(layout, mesh.names), enabled=chosen)
+  chosen = dict(parse(text))
+  p = Plan(layout=layout, batch_axes=batch_axes(layout, mesh.names),
+           enabled=tuple(n if a is None else f"{n}:{a}" for n, a in parse(text)))
   for name, opt in _registry().items():   # registry order, whatever order the user wrote
     if name in chosen:
-      p = opt.apply(p, mesh)
+      p = opt.apply(p, mesh, chosen[name])
   return p
 
 

@@ -9,8 +9,8 @@ import dataclasses
 from optimizations import Optimization, Plan
 
 
-def apply(plan: Plan, mesh) -> Plan:
-  del mesh
+def apply(plan: Plan, mesh, arg=None) -> Plan:
+  del mesh, arg
   return dataclasses.replace(plan, distributed_eval=True)
 
 

@@ -9,7 +9,8 @@ from mesh.errors import UserError
 from optimizations import Optimization, Plan
 
 
-def apply(plan: Plan, mesh) -> Plan:
+def apply(plan: Plan, mesh, arg=None) -> Plan:
+  del arg
   axes = plan.batch_axes
   if len(axes) != 2:
     raise UserError(

@@ -9,7 +9,8 @@ from mesh.spec import Layout
 from optimizations import Optimization, Plan
 
 
-def apply(plan: Plan, mesh) -> Plan:
+def apply(plan: Plan, mesh, arg=None) -> Plan:
+  del arg
   layout = plan.layout
   if not layout.axes_for("height"):
     if "spatial" not in mesh.names:

@@ -37,10 +37,14 @@ def single_device_baseline(task, seed: int, batches):
   model_state = variables
   opt_state = task.optimizer.init(params)
 
+  def mean_loss(params, model_state, batch, rng):
+    total, aux = task.loss(params, model_state, batch, rng)
+    return total / aux.weight, aux.model_state
+
   @jax.jit
   def step(params, model_state, opt_state, batch, i):
     rng = jax.random.fold_in(train_rng, i)
-    (loss, (model_state, _)), grads = jax.value_and_grad(task.loss, has_aux=True)(
+    (loss, model_state), grads = jax.value_and_grad(mean_loss, has_aux=True)(
         params, model_state, batch, rng)
     updates, opt_state = task.optimizer.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), model_state, opt_state, loss
@@ -54,7 +58,7 @@ def single_device_baseline(task, seed: int, batches):
   return np.array(losses), jax.device_get(params)
 
 
-def planned(mesh: str, layout: str, opts: str):
+def planned(mesh: str, layout: str, opts: str = "none"):
   """(sharder, plan) for a mesh, layout and --optimizations string, as the loop builds them."""
   return train.build_sharder(types.SimpleNamespace(mesh=mesh, layout=layout,
                                                    optimizations=opts))

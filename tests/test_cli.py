@@ -33,7 +33,16 @@ def run_main(*args, cwd=ROOT):
     (["resnet", "--dataset=cifar"], "--dataset=cifar: choose one of"),
     (["resnet", "--config=tpu-v9"], "unknown --config 'tpu-v9'"),
     (["resnet", "--model_depth=51"], "--model_depth=51: choose one of"),
-    (["bert"], "benchmark one of resnet, transformer, ssd"),
+    (["bert"], "unknown benchmark 'bert'; choose one of resnet, transformer, ssd"),
+    ([], "name a benchmark"),
+    (["resnet", "--adam_beta1=0.5"], "--adam_beta1 is a flag of transformer"),
+    (["resnet", "--no_such_flag=1"], "unknown flag --no_such_flag; `./run.sh resnet --help`"),
+    (["resnet", "--global_batch_size=abc"], "--global_batch_size=abc: expects an integer"),
+    (["resnet", "--base_learning_rate=fast"], "--base_learning_rate=fast: expects a number"),
+    (["ssd", "--eval_epochs=4,x"], "--eval_epochs=4,x: expects comma-separated integers"),
+    (["ssd", "--aspect_ratios=2;a"], "--aspect_ratios=2;a: expects ';'-separated groups"),
+    (["resnet", "extra"], "unexpected argument 'extra'"),
+    (["resnet", "--optimizations=grad_accum:0"], "grad_accum needs the number of micro-batches"),
     (["resnet", "--optimizations=turbo"], "unknown optimization 'turbo'"),
     (["resnet", "--optimizations=grad_sum_2d"], "needs the batch split over two mesh axes"),
     (["transformer", "--dataset=text"], "reads --data_dir, which is not set"),
@@ -54,6 +63,23 @@ def test_bad_input_one_line_exit_2(tmp_path, args, needle):
   errors = [line for line in p.stderr.splitlines() if line.startswith("error: ")]
   assert len(errors) == 1 and needle in errors[0], p.stderr[-2000:]
   assert not (out / "result_0.txt").exists()   # no half-written log
+
+
+def test_help_lists_the_benchmarks_flags_with_preset_values():
+  p = run_main("resnet", "--help")
+  assert p.returncode == 0, p.stderr
+  assert "--base_learning_rate=2.0" in p.stdout          # the cpu preset's, not the dataclass's
+  assert "--output_dir=" in p.stdout and "--adam_beta1" not in p.stdout
+  p = run_main("resnet", "--config=tpu-v3-2048", "--help")
+  assert "--base_learning_rate=31.2" in p.stdout and "--global_batch_size=32768" in p.stdout
+  p = run_main("transformer", "--help")
+  assert "--adam_beta1=0.9" in p.stdout and "--model_depth" not in p.stdout
+
+
+def test_list_flags_are_parsed_once_at_the_edge():
+  """A list-valued flag reaches the config as a tuple (the validation sees integers)."""
+  p = run_main("ssd", "--decay_epochs=50,40")
+  assert p.returncode == 2 and "--decay_epochs=50,40: two increasing epochs" in p.stderr
 
 
 def test_existing_log_is_not_overwritten(tmp_path):

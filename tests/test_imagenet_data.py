@@ -10,7 +10,6 @@ from PIL import Image
 
 from benchmarks import train
 from benchmarks.resnet import data as data_lib
-from benchmarks.resnet import suite
 from mesh.errors import UserError
 from tests import helpers
 
@@ -87,7 +86,7 @@ def test_each_process_reads_its_own_shard(imagenet_dir):
 
 
 def test_trains_an_epoch_on_it(imagenet_dir, tmp_path):
-  s = train.run(_cfg(imagenet_dir, max_epochs=1), suite.build,
+  s = train.run(_cfg(imagenet_dir, max_epochs=1), "resnet",
                 train.RunOptions(output_dir=str(tmp_path), quiet=True))
   assert s["dataset"] == "imagenet2012" and s["steps"] == N_TRAIN // 16
   assert s["evals"][0]["epoch"] == 1 and 0 <= s["final_quality"] <= 1

@@ -13,6 +13,7 @@ from benchmarks import step as step_lib
 from benchmarks import train
 from benchmarks.resnet import suite
 from mesh import cost
+from optimizations.weight_update_sharding import ShardedUpdate
 from mesh.errors import UserError
 from mesh.spec import parse_layout, parse_mesh
 from tests import helpers
@@ -25,11 +26,13 @@ def _plan(opts, mesh="data:8", layout="batch:data"):
 
 def test_names_none_and_registry():
   assert set(optimizations.names()) == {"grad_sum_2d", "weight_update_sharding",
-                                        "spatial_partitioning", "distributed_eval"}
+                                        "spatial_partitioning", "distributed_eval", "grad_accum"}
   p = _plan("none")
-  assert p.enabled == () and p.reduction is None and not p.shard_update
+  assert p.enabled == () and p.reduction is None and type(p.update) is optimizations.Update
+  assert not p.distributed_eval and p.gradient_wrappers == () and p.accumulation_steps == 1
   p = _plan("distributed_eval, weight_update_sharding")
-  assert p.shard_update and p.distributed_eval and p.reduction.phases == (("data",),)
+  assert isinstance(p.update, ShardedUpdate) and p.distributed_eval
+  assert p.reduction.phases == (("data",),)
 
 
 @pytest.mark.parametrize("opts,mesh,layout,needle", [
@@ -145,8 +148,41 @@ def test_distributed_eval_equals_single_device_evaluation():
 def test_summary_shows_the_optimizations(tmp_path):
   cfg = helpers.tiny_resnet(mesh="x:4,y:2", layout="batch:x+y", max_epochs=1,
                             optimizations="grad_sum_2d,weight_update_sharding,distributed_eval")
-  s = train.run(cfg, suite.build, train.RunOptions(output_dir=str(tmp_path), quiet=True))
+  s = train.run(cfg, "resnet", train.RunOptions(output_dir=str(tmp_path), quiet=True))
   assert s["optimizations"] == ["grad_sum_2d", "weight_update_sharding", "distributed_eval"]
-  assert s["plan"]["gradient_sum"] == "x then y" and s["plan"]["weight_update_sharding"]
+  assert s["plan"]["gradient_sum"] == "x then y" and s["plan"]["update"] == "ShardedUpdate"
   assert s["collectives_per_step"]["reduce-scatter"]["count"] == 2
   assert len(s["eval_s"]) == 1 and s["eval_s"][0] > 0
+
+
+# --- optimizations with arguments: gradient accumulation ----------------------------------------
+
+@pytest.mark.parametrize("opts,needle", [
+    ("grad_accum", "needs the number of micro-batches"),
+    ("grad_accum:0", "needs the number of micro-batches"),
+    ("grad_accum:two", "needs the number of micro-batches"),
+    ("distributed_eval:3", "distributed_eval takes no argument"),
+    ("grad_accum:2,,distributed_eval", "has an empty entry"),
+])
+def test_arguments_refused_with_a_clear_error(opts, needle):
+  with pytest.raises(UserError, match=needle):
+    _plan(opts)
+
+
+def test_grad_accum_plan_and_log(tmp_path):
+  p = _plan("grad_accum:4,weight_update_sharding")
+  assert p.accumulation_steps == 4 and len(p.gradient_wrappers) == 1
+  assert p.enabled == ("grad_accum:4", "weight_update_sharding")
+  assert _plan("grad_accum:2").reduction.phases == (("data",),)    # summed once, explicitly
+  assert _plan("grad_accum:2", "model:8", "channels:model").reduction is None
+  # The loop logs MLPerf's gradient_accumulation_steps from the plan, once.
+  cfg = helpers.tiny_resnet(optimizations="grad_accum:2", bn_span=2, max_epochs=1)
+  s = train.run(cfg, "resnet", train.RunOptions(output_dir=str(tmp_path), quiet=True))
+  assert s["plan"]["gradient_accumulation_steps"] == 2
+  log = (tmp_path / "result_0.txt").read_text()
+  assert log.count('"key": "gradient_accumulation_steps", "value": 2,') == 1
+  assert log.count('"key": "global_batch_size"') == 1
+  # A batch that does not split into replicas x micro-batches is refused before training.
+  bad = helpers.tiny_resnet(optimizations="grad_accum:3", max_epochs=1)
+  with pytest.raises(UserError, match="x 3 micro-batches"):
+    train.run(bad, "resnet", train.RunOptions(output_dir=str(tmp_path / "bad"), quiet=True))

@@ -26,10 +26,20 @@ def _baseline(bn_span=4, adam=False):
 @pytest.fixture(scope="module")
 def x64():
   with jax.enable_x64(True):
-    yield {"lars": _baseline(), "adam": _baseline(adam=True), "span16": _baseline(bn_span=16)}
+    yield {"lars": _baseline(), "adam": _baseline(adam=True), "span16": _baseline(bn_span=16),
+           "span2": _baseline(bn_span=2)}
 
 
 CASES = [
+    # Each optimization alone.
+    ("grad_sum_2d", "x:4,y:2", "batch:x+y", "lars"),
+    ("weight_update_sharding", "data:8", "batch:data", "lars"),
+    ("spatial_partitioning", "data:4,spatial:2", "batch:data", "lars"),
+    # 4 examples per replica in 2 micro-batches of 2: batch-norm groups of 2 line up.
+    ("grad_accum:2", "data:8", "batch:data", "span2"),
+    ("grad_accum:2", "model:8", "channels:model", "span2"),      # batch not split: GSPMD path
+    # Combined.
+    ("grad_accum:2,grad_sum_2d,weight_update_sharding", "x:4,y:2", "batch:x+y", "span2"),
     ("weight_update_sharding", "data:8", "batch:data", "adam"),
     ("grad_sum_2d,weight_update_sharding", "x:4,y:2", "batch:x+y", "adam"),
     ("spatial_partitioning,grad_sum_2d,weight_update_sharding", "x:2,y:2,spatial:2", "batch:x+y",

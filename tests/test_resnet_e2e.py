@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 from benchmarks import train
-from benchmarks.resnet import suite
 from benchmarks.resnet.config import PRESETS
 from logs import compliance
 from tests import helpers
@@ -45,7 +44,7 @@ def test_cpu_default_reaches_target_and_passes_checker(tmp_path):
 def _closed_run(tmp_path, **kw):
   cfg = helpers.tiny_resnet(max_epochs=1, **kw)
   opts = train.RunOptions(output_dir=str(tmp_path), division="closed", quiet=True)
-  summary = train.run(cfg, suite.build, opts)
+  summary = train.run(cfg, "resnet", opts)
   assert summary["status"] == "aborted"      # one epoch of a tiny model cannot reach 0.98
   return compliance.check_path(str(tmp_path))
 
@@ -77,15 +76,16 @@ def test_closed_sgd_log_meets_every_closed_rule_but_the_target(tmp_path):
 def test_resume_from_checkpoint_continues_the_same_run(tmp_path):
   """1 epoch + checkpoint + resume for epoch 2 == 2 uninterrupted epochs."""
   cfg = helpers.tiny_resnet(max_epochs=1)
-  first = train.run(cfg, suite.build, train.RunOptions(output_dir=str(tmp_path / "a"),
+  first = train.run(cfg, "resnet", train.RunOptions(output_dir=str(tmp_path / "a"),
                                                        quiet=True, checkpoint_every=1))
-  assert first["epochs"] == 1 and os.path.isdir(tmp_path / "a" / "checkpoints" / "1")
+  steps = first["steps"]                      # checkpoints are keyed by global step
+  assert first["epochs"] == 1 and os.path.isdir(tmp_path / "a" / "checkpoints" / str(steps))
   cfg2 = dataclasses.replace(cfg, max_epochs=2)
-  resumed = train.run(cfg2, suite.build, train.RunOptions(output_dir=str(tmp_path / "a"),
+  resumed = train.run(cfg2, "resnet", train.RunOptions(output_dir=str(tmp_path / "a"),
                                                           quiet=True, resume=True))
-  straight = train.run(cfg2, suite.build, train.RunOptions(output_dir=str(tmp_path / "b"),
+  straight = train.run(cfg2, "resnet", train.RunOptions(output_dir=str(tmp_path / "b"),
                                                            quiet=True))
-  assert resumed["epochs"] == 2 and [e["epoch"] for e in resumed["evals"]] == [2]
+  assert resumed["epochs"] == 2 and [e["epoch_num"] for e in resumed["evals"]] == [2]
   assert resumed["steps"] == straight["steps"] // 2
   assert resumed["evals"][0]["train_loss"] == straight["evals"][1]["train_loss"]
   assert resumed["final_quality"] == straight["final_quality"]

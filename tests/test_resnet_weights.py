@@ -17,7 +17,8 @@ from flax import linen as nn
 from jax.sharding import NamedSharding, PartitionSpec
 from numpy.lib.stride_tricks import sliding_window_view
 
-from benchmarks.resnet import convert_torch, weights
+from benchmarks.common import weights
+from benchmarks.resnet import convert_torch
 from benchmarks.resnet.convert_torch import convert
 from benchmarks.resnet.model import ResNet
 from benchmarks.train import _Checkpoints

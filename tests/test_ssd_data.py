@@ -38,7 +38,7 @@ def coco(tmp_path_factory):
 
 def cfg_for(root, **kw):
   base = dict(data_dir=root, image_size=120, backbone_depth=10, backbone_width=4,
-              anchor_steps="8,15,30,60,120", global_batch_size=4, eval_batch_size=4)
+              anchor_steps=(8, 15, 30, 60, 120), global_batch_size=4, eval_batch_size=4)
   base.update(kw)
   return dataclasses.replace(PRESETS["cpu"], **base)
 

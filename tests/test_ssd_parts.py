@@ -7,7 +7,7 @@ import pytest
 
 from benchmarks.ssd import boxes as B
 from benchmarks.ssd import detect
-from benchmarks.ssd.config import Config, ratios
+from benchmarks.ssd.config import Config
 from benchmarks.ssd.model import feature_sizes
 from benchmarks.ssd.suite import anchors, to_coco
 
@@ -15,7 +15,7 @@ from benchmarks.ssd.suite import anchors, to_coco
 def test_mlperf_default_boxes():
   cfg = Config()
   assert feature_sizes(300, (2, 2, 2, 0, 0)) == (38, 19, 10, 5, 3, 1)
-  assert B.boxes_per_cell(ratios(cfg.aspect_ratios)) == (4, 6, 6, 6, 4, 4)
+  assert B.boxes_per_cell(cfg.aspect_ratios) == (4, 6, 6, 6, 4, 4)
   a = anchors(cfg)
   assert a.shape == (8732, 4)
   # First box of the 38x38 map: center (0.5 / 37.5), side 21 / 300; the last map's second box

@@ -25,9 +25,9 @@ def tiny_ssd(tmp, **kw):
   warmup and decay boundaries."""
   base = dict(image_size=120, backbone_depth=10, backbone_width=4, shapes_train=16, shapes_eval=8,
               data_dir=str(tmp), global_batch_size=8, eval_batch_size=8, bn_span=2,
-              extra_blocks="2,2", anchor_steps="8,15,30", anchor_scales="13,30,60,120",
-              aspect_ratios="2;2,3;2", nms_candidates=16, max_detections=16,
-              base_learning_rate=0.05, warmup_steps=1, decay_epochs="40,50", max_epochs=1)
+              extra_blocks=(2, 2), anchor_steps=(8, 15, 30), anchor_scales=(13, 30, 60, 120),
+              aspect_ratios=((2,), (2, 3), (2,)), nms_candidates=16, max_detections=16,
+              base_learning_rate=0.05, warmup_steps=1, decay_epochs=(40, 50), max_epochs=1)
   base.update(kw)
   return dataclasses.replace(PRESETS["cpu"], **base)
 
@@ -76,7 +76,7 @@ def test_closed_log_meets_every_closed_rule_but_the_target(x64, tmp_path):
   cfg = x64[0]
   out = tmp_path / "run"
   with jax.enable_x64(True):
-    summary = train.run(cfg, suite.build, train.RunOptions(output_dir=str(out),
+    summary = train.run(cfg, "ssd", train.RunOptions(output_dir=str(out),
                                                            division="closed", quiet=True))
   assert summary["status"] == "aborted" and summary["steps"] == 2
   assert 0 <= summary["final_quality"] < 0.23

@@ -5,8 +5,11 @@ from __future__ import annotations
 import dataclasses
 
 from benchmarks.config import Common
+from benchmarks.task import Spec
 from mesh.errors import UserError
 
+SPEC = Spec(mlperf_name="resnet", rulesets=("0.7.0", "1.0.0"), metric="top-1 accuracy",
+            target_field="target_accuracy")
 DATASETS = ("digits", "imagenet", "synthetic")
 OPTIMIZERS = ("lars", "sgd")
 
@@ -48,6 +51,13 @@ PRESETS = {
         eval_batch_size=128, max_epochs=40, eval_every=1, optimizer="lars",
         base_learning_rate=2.0, warmup_epochs=2.0, schedule_epochs=40.0, weight_decay=1e-4,
         target_accuracy=0.98),
+    # Seconds on 2 cores: a ResNet-10 of width 8 for one epoch (the contract test's run).
+    "tiny": Config(
+        num_cpu_devices=8, mesh="data:-1", layout="batch:data", dataset="digits",
+        optimizations="distributed_eval", image_size=32, num_classes=10, model_depth=10,
+        model_width=8, bn_span=4, global_batch_size=32, eval_batch_size=64, max_epochs=1,
+        optimizer="lars", base_learning_rate=1.0, warmup_epochs=0.2, schedule_epochs=1.0,
+        target_accuracy=0.98),
     # MLPerf v0.6 on a full TPU-v3 pod (1024 chips, 2048 cores): REFERENCE.md. The replicas
     # span a 64 x 32 mesh so gradients are summed in two phases.
     "tpu-v3-2048": Config(
@@ -66,6 +76,7 @@ ABLATIONS = (
     ("data-parallel", "data:8", "batch:data", "none"),
     ("+ distributed_eval", "data:8", "batch:data", "distributed_eval"),
     ("+ weight_update_sharding", "data:8", "batch:data", "weight_update_sharding"),
+    ("+ grad_accum:2", "data:8", "batch:data", "grad_accum:2"),
     ("batch over x+y", "x:4,y:2", "batch:x+y", "none"),
     ("+ grad_sum_2d", "x:4,y:2", "batch:x+y", "grad_sum_2d"),
     ("+ grad_sum_2d, weight_update_sharding", "x:4,y:2", "batch:x+y",

@@ -9,7 +9,7 @@ then converting them (torch is needed only here; the .npz needs no torch):
 
   python -m benchmarks.resnet.convert_torch --depth=34 resnet34.pth resnet34.npz
 
-and `benchmarks.resnet.weights.load("resnet34.npz")` gives {"params", "batch_stats"}.
+and `benchmarks.common.weights.load("resnet34.npz")` gives {"params", "batch_stats"}.
 
 torchvision's pretrained ResNets take RGB images scaled to [0, 1] and then normalized with the
 ImageNet mean (0.485, 0.456, 0.406) and standard deviation (0.229, 0.224, 0.225) per channel;
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(
       prog="python -m benchmarks.resnet.convert_torch",
       description="Converts torchvision ResNet weights (.pth state dict) to an .npz that "
-                  "benchmarks.resnet.weights.load reads.")
+                  "benchmarks.common.weights.load reads.")
   parser.add_argument("--depth", type=int, default=34, help="ResNet depth: 18, 34, 50, ...")
   parser.add_argument("input", help="torch.save'd state dict, e.g. resnet34.pth")
   parser.add_argument("output", help="the .npz to write")

@@ -9,9 +9,9 @@ import optax
 from benchmarks.resnet import data as data_lib
 from benchmarks.resnet.config import Config
 from benchmarks.resnet.model import ResNet
-from benchmarks.task import Task
+from benchmarks.common.layers import compute_dtype
+from benchmarks.task import LossAux, Task
 from logs.mlperf import C
-from mesh.errors import UserError
 
 
 def schedule(cfg: Config, steps_per_epoch: int):
@@ -50,8 +50,7 @@ def optimizer(cfg: Config, lr):
 
 def hparams(cfg: Config, bn_span: int, decay: int):
   opt = cfg.optimizer
-  keys = [(C.GLOBAL_BATCH_SIZE, cfg.global_batch_size), (C.OPT_NAME, opt),
-          (C.MODEL_BN_SPAN, bn_span), (C.GRADIENT_ACCUMULATION_STEPS, 1)]
+  keys = [(C.OPT_NAME, opt), (C.MODEL_BN_SPAN, bn_span)]
   if opt == "lars":
     keys += [(C.LARS_OPT_BASE_LEARNING_RATE, cfg.base_learning_rate),
              (C.LARS_OPT_END_LR, cfg.end_learning_rate),
@@ -75,11 +74,9 @@ def hparams(cfg: Config, bn_span: int, decay: int):
 
 def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int = 1) -> Task:
   """`replicas`: how many ways the batch is split (the default bn span is the per-replica batch)."""
-  if cfg.dtype == "float64" and not jax.config.jax_enable_x64:
-    raise UserError("--dtype=float64 needs 64-bit jax: set JAX_ENABLE_X64=1")
+  dtype = compute_dtype(cfg.dtype)
   data = data_lib.make(cfg, process_index, process_count)
   bn_span = cfg.bn_span or max(1, cfg.global_batch_size // replicas)
-  dtype = {"bfloat16": jnp.bfloat16, "float32": jnp.float32, "float64": jnp.float64}[cfg.dtype]
   model = ResNet(cfg.model_depth, cfg.model_width, cfg.num_classes, bn_span, dtype)
   eval_model = model.clone(bn_span=None)
   lr, _, decay = schedule(cfg, data.steps_per_epoch)
@@ -94,9 +91,10 @@ def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int
                                     train=True, mutable=["batch_stats"])
     labels = optax.smooth_labels(jax.nn.one_hot(batch["label"], cfg.num_classes),
                                  cfg.label_smoothing)
-    value = optax.softmax_cross_entropy(logits, labels).mean()
-    acc = jnp.mean(jnp.argmax(logits, -1) == batch["label"])
-    return value, (new_state, {"accuracy": acc})
+    total = optax.softmax_cross_entropy(logits, labels).sum()
+    correct = jnp.sum(jnp.argmax(logits, -1) == batch["label"]).astype(total.dtype)
+    weight = jnp.asarray(batch["label"].shape[0], total.dtype)
+    return total, LossAux(weight, new_state, {"accuracy": correct})
 
   def eval_stats(params, model_state, batch):
     logits = eval_model.apply({"params": params, **model_state}, batch["image"], train=False)
@@ -104,7 +102,7 @@ def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int
     return {"correct": jnp.sum(correct * batch["mask"]), "count": jnp.sum(batch["mask"])}
 
   return Task(
-      benchmark=C.RESNET, init=init, loss=loss, eval_stats=eval_stats,
-      quality=lambda s: float(s["correct"] / max(s["count"], 1)), quality_name="top-1 accuracy",
-      target=cfg.target_accuracy, optimizer=optimizer(cfg, lr), learning_rate=lr, data=data,
+      init=init, loss=loss, eval_stats=eval_stats,
+      quality=lambda s: float(s["correct"] / max(s["count"], 1)),
+      optimizer=optimizer(cfg, lr), learning_rate=lr, data=data,
       hparams=hparams(cfg, bn_span, decay))

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from benchmarks.config import Common, ints
+from benchmarks.config import Common
+from benchmarks.task import Spec
 from mesh.errors import UserError
 
+SPEC = Spec(mlperf_name="ssd", rulesets=("0.7.0", "1.0.0"), metric="mAP@[.5:.95]",
+            target_field="target_map")
 DATASETS = ("coco", "shapes")
 DEPTHS = (10, 18, 34)   # ResNet backbones with basic blocks (10: tests)
 
@@ -24,10 +27,10 @@ class Config(Common):
   backbone_depth: int = 34
   backbone_width: int = 64          # channels of conv2_x (64 in ResNet-34)
   backbone_checkpoint: str = ""     # ResNet weights (.npz from convert_torch, or a resnet run)
-  extra_blocks: str = "2,2,2,0,0"   # per extra feature map: 2 = 3x3 stride 2, 0 = 3x3 unpadded
-  anchor_steps: str = "8,16,32,64,100,300"
-  anchor_scales: str = "21,45,99,153,207,261,315"   # pixels; one more than feature maps
-  aspect_ratios: str = "2;2,3;2,3;2,3;2;2"          # per feature map
+  extra_blocks: tuple[int, ...] = (2, 2, 2, 0, 0)   # per extra map: 2 = 3x3 stride 2, 0 = unpadded
+  anchor_steps: tuple[int, ...] = (8, 16, 32, 64, 100, 300)
+  anchor_scales: tuple[int, ...] = (21, 45, 99, 153, 207, 261, 315)  # pixels; maps + 1
+  aspect_ratios: tuple[tuple[int, ...], ...] = ((2,), (2, 3), (2, 3), (2, 3), (2,), (2,))  # per map
   bn_span: int = 0                  # examples per batch-norm group; 0: the per-replica batch
   # Loss and detection.
   match_iou: float = 0.5
@@ -40,7 +43,7 @@ class Config(Common):
   base_learning_rate: float = 2.5e-3   # per 32 images; the run uses base * batch / 32
   warmup_steps: int = 0
   warmup_factor: float = 0.0
-  decay_epochs: str = "40,50"
+  decay_epochs: tuple[int, ...] = (40, 50)
   weight_decay: float = 5e-4
   momentum: float = 0.9
   target_map: float = 0.23
@@ -53,20 +56,30 @@ PRESETS = {
     "cpu": Config(
         num_cpu_devices=8, mesh="data:-1", layout="batch:data", dataset="shapes",
         optimizations="distributed_eval", image_size=128, num_classes=4, backbone_depth=18,
-        backbone_width=16, extra_blocks="2,2,2,2", anchor_steps="8,16,32,64,128",
-        anchor_scales="13,26,51,77,102,128", aspect_ratios="2;2,3;2,3;2;2",
+        backbone_width=16, extra_blocks=(2, 2, 2, 2), anchor_steps=(8, 16, 32, 64, 128),
+        anchor_scales=(13, 26, 51, 77, 102, 128), aspect_ratios=((2,), (2, 3), (2, 3), (2,), (2,)),
         global_batch_size=32, eval_batch_size=64, max_epochs=12,
-        eval_epochs="4,5,6,7,8,9,10,11,12",
-        base_learning_rate=0.04, warmup_steps=100, decay_epochs="9,11", weight_decay=5e-4,
+        eval_epochs=(4, 5, 6, 7, 8, 9, 10, 11, 12),
+        base_learning_rate=0.04, warmup_steps=100, decay_epochs=(9, 11), weight_decay=5e-4,
         target_map=0.5),
+    # Seconds on 2 cores: a ResNet-10-style SSD of width 4 on 120x120 shapes (maps 15, 8, 4),
+    # one epoch of 16 images (the contract test's run).
+    "tiny": Config(
+        num_cpu_devices=8, mesh="data:-1", layout="batch:data", dataset="shapes",
+        optimizations="distributed_eval", image_size=120, num_classes=4, backbone_depth=10,
+        backbone_width=4, shapes_train=16, shapes_eval=8, global_batch_size=8,
+        eval_batch_size=8, bn_span=2, extra_blocks=(2, 2), anchor_steps=(8, 15, 30),
+        anchor_scales=(13, 30, 60, 120), aspect_ratios=((2,), (2, 3), (2,)), nms_candidates=16,
+        max_detections=16, base_learning_rate=0.05, warmup_steps=1, decay_epochs=(40, 50),
+        max_epochs=1, target_map=0.5),
     # MLPerf v0.6 on a full TPU-v3 pod (REFERENCE.md): 1024 chips, batch 2048, 4-way spatial
     # partitioning of each replica's images, distributed batch norm over 64 images.
     "tpu-v3-2048": Config(
         num_cpu_devices=0, mesh="data:512,spatial:4", layout="batch:data", dataset="coco",
         optimizations="spatial_partitioning,distributed_eval", dtype="bfloat16",
         global_batch_size=2048, eval_batch_size=2048, max_epochs=80,
-        eval_epochs="40,50,55,60,65,70,75,80", base_learning_rate=2.5e-3, warmup_steps=1160,
-        decay_epochs="56,70", bn_span=64, target_map=0.23),
+        eval_epochs=(40, 50, 55, 60, 65, 70, 75, 80), base_learning_rate=2.5e-3,
+        warmup_steps=1160, decay_epochs=(56, 70), bn_span=64, target_map=0.23),
 }
 
 
@@ -80,37 +93,33 @@ ABLATIONS = (
 )
 
 
-def ratios(text: str) -> tuple[tuple[int, ...], ...]:
-  return tuple(ints(part, "aspect_ratios") for part in text.split(";"))
-
-
 def validate(c: Config) -> None:
   if c.dataset not in DATASETS:
     raise UserError(f"--dataset={c.dataset}: choose one of {', '.join(DATASETS)}")
   if c.backbone_depth not in DEPTHS:
     raise UserError(f"--backbone_depth={c.backbone_depth}: choose one of "
                     f"{', '.join(map(str, DEPTHS))}")
-  extra = ints(c.extra_blocks, "extra_blocks")
-  if any(e not in (0, 2) for e in extra):
-    raise UserError(f"--extra_blocks={c.extra_blocks}: each entry is 2 (stride 2) or 0 (unpadded)")
-  maps = 1 + len(extra)
+  show = lambda v: ",".join(map(str, v))
+  if any(e not in (0, 2) for e in c.extra_blocks):
+    raise UserError(f"--extra_blocks={show(c.extra_blocks)}: each entry is 2 (stride 2) or 0 "
+                    f"(unpadded)")
+  maps = 1 + len(c.extra_blocks)
   for name, n in (("anchor_steps", maps), ("anchor_scales", maps + 1)):
-    got = len(ints(getattr(c, name), name))
+    got = len(getattr(c, name))
     if got != n:
-      raise UserError(f"--{name}={getattr(c, name)}: {n} values needed for {maps} feature maps "
-                      f"(--extra_blocks={c.extra_blocks}), got {got}")
-  if len(ratios(c.aspect_ratios)) != maps:
-    raise UserError(f"--aspect_ratios={c.aspect_ratios}: one ';'-separated group per feature "
-                    f"map ({maps})")
+      raise UserError(f"--{name}={show(getattr(c, name))}: {n} values needed for {maps} feature "
+                      f"maps (--extra_blocks={show(c.extra_blocks)}), got {got}")
+  ratios = ";".join(show(r) for r in c.aspect_ratios)
+  if len(c.aspect_ratios) != maps:
+    raise UserError(f"--aspect_ratios={ratios}: one ';'-separated group per feature map ({maps})")
   for name in ("anchor_steps", "anchor_scales"):
-    if min(ints(getattr(c, name), name)) <= 0:
-      raise UserError(f"--{name}={getattr(c, name)}: pixel sizes must be positive")
-  if min(min(r) for r in ratios(c.aspect_ratios)) < 1:
-    raise UserError(f"--aspect_ratios={c.aspect_ratios}: ratios are integers >= 1 (2 means "
-                    f"2:1 and 1:2)")
-  decay = ints(c.decay_epochs, "decay_epochs")
-  if len(decay) != 2 or decay[0] >= decay[1]:
-    raise UserError(f"--decay_epochs={c.decay_epochs}: two increasing epochs (MLPerf: 40,50)")
+    if min(getattr(c, name)) <= 0:
+      raise UserError(f"--{name}={show(getattr(c, name))}: pixel sizes must be positive")
+  if any(not r for r in c.aspect_ratios) or min(min(r) for r in c.aspect_ratios) < 1:
+    raise UserError(f"--aspect_ratios={ratios}: ratios are integers >= 1 (2 means 2:1 and 1:2)")
+  if len(c.decay_epochs) != 2 or c.decay_epochs[0] >= c.decay_epochs[1]:
+    raise UserError(f"--decay_epochs={show(c.decay_epochs)}: two increasing epochs "
+                    f"(MLPerf: 40,50)")
   if not 0 < c.target_map < 1:
     raise UserError(f"--target_map={c.target_map}: a fraction in (0, 1)")
   for name in ("crop_trials", "nms_candidates", "max_detections"):

@@ -12,28 +12,28 @@ from benchmarks.common.convnet import STAGES
 from benchmarks.ssd import boxes as box_lib
 from benchmarks.ssd import coco_eval, detect
 from benchmarks.ssd import data as data_lib
-from benchmarks.ssd.config import Config, ints, ratios
+from benchmarks.ssd.config import Config
 from benchmarks.ssd.model import SSD, feature_sizes
-from benchmarks.task import Task
+from benchmarks.common.layers import compute_dtype
+from benchmarks.task import LossAux, Task
 from logs.mlperf import C
 from mesh.errors import UserError
 
 
 def anchors(cfg: Config) -> np.ndarray:
   """Default boxes (xywh) for this config's feature maps."""
-  extra = ints(cfg.extra_blocks, "extra_blocks")
   try:
-    sizes = feature_sizes(cfg.image_size, extra)
+    sizes = feature_sizes(cfg.image_size, cfg.extra_blocks)
   except ValueError as e:
     raise UserError(f"--image_size={cfg.image_size}: {e}") from None
-  return box_lib.default_boxes(cfg.image_size, sizes, ints(cfg.anchor_steps, "anchor_steps"),
-                               ints(cfg.anchor_scales, "anchor_scales"), ratios(cfg.aspect_ratios))
+  return box_lib.default_boxes(cfg.image_size, sizes, cfg.anchor_steps, cfg.anchor_scales,
+                               cfg.aspect_ratios)
 
 
 def make_model(cfg: Config, bn_span: int | None) -> SSD:
-  dtype = {"bfloat16": jnp.bfloat16, "float32": jnp.float32, "float64": jnp.float64}[cfg.dtype]
-  return SSD(cfg.num_classes, box_lib.boxes_per_cell(ratios(cfg.aspect_ratios)),
-             ints(cfg.extra_blocks, "extra_blocks"), cfg.backbone_depth, cfg.backbone_width,
+  dtype = compute_dtype(cfg.dtype)
+  return SSD(cfg.num_classes, box_lib.boxes_per_cell(cfg.aspect_ratios),
+             cfg.extra_blocks, cfg.backbone_depth, cfg.backbone_width,
              bn_span, dtype)
 
 
@@ -42,7 +42,7 @@ def schedule(cfg: Config, steps_per_epoch: int):
   base / 2**warmup_factor-spaced steps, the reference's rule), then x0.1 at each decay epoch."""
   base = cfg.base_learning_rate * cfg.global_batch_size / 32
   warm = cfg.warmup_steps
-  bounds = [e * steps_per_epoch for e in ints(cfg.decay_epochs, "decay_epochs")]
+  bounds = [e * steps_per_epoch for e in cfg.decay_epochs]
 
   def lr(step):
     step = jnp.asarray(step, jnp.float32)
@@ -61,13 +61,12 @@ def _decays(params):
 
 
 def hparams(cfg: Config, base_lr: float, bn_span: int):
-  return ((C.GLOBAL_BATCH_SIZE, cfg.global_batch_size), (C.OPT_NAME, "sgd"),
+  return ((C.OPT_NAME, "sgd"),
           (C.OPT_BASE_LR, base_lr), (C.OPT_WEIGHT_DECAY, cfg.weight_decay),
           (C.OPT_LR_WARMUP_STEPS, cfg.warmup_steps),
           (C.OPT_LR_WARMUP_FACTOR, cfg.warmup_factor),
-          (C.OPT_LR_DECAY_BOUNDARY_EPOCHS, list(ints(cfg.decay_epochs, "decay_epochs"))),
-          (C.MAX_SAMPLES, cfg.crop_trials), (C.MODEL_BN_SPAN, bn_span),
-          (C.GRADIENT_ACCUMULATION_STEPS, 1))
+          (C.OPT_LR_DECAY_BOUNDARY_EPOCHS, list(cfg.decay_epochs)),
+          (C.MAX_SAMPLES, cfg.crop_trials), (C.MODEL_BN_SPAN, bn_span))
 
 
 def to_coco(boxes, scores, classes, image_ids, sizes, category_ids) -> np.ndarray:
@@ -100,8 +99,7 @@ def backbone_weights(cfg: Config) -> dict:
 
 
 def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int = 1) -> Task:
-  if cfg.dtype == "float64" and not jax.config.jax_enable_x64:
-    raise UserError("--dtype=float64 needs 64-bit jax: set JAX_ENABLE_X64=1")
+  compute_dtype(cfg.dtype)
   default_boxes = anchors(cfg)
   data, val, category_ids = data_lib.make(cfg, default_boxes, process_index, process_count)
   try:
@@ -126,8 +124,9 @@ def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int
                                            train=True, mutable=["batch_stats"])
     per_image = detect.loss(loc, logits, batch["boxes"].astype(f), batch["labels"],
                             cfg.negative_ratio)
-    matched = jnp.mean(jnp.sum(batch["labels"] > 0, -1).astype(f))
-    return jnp.mean(per_image), (new_state, {"matched_boxes": matched})
+    matched = jnp.sum(batch["labels"] > 0).astype(f)
+    return jnp.sum(per_image), LossAux(jnp.asarray(per_image.shape[0], f), new_state,
+                                       {"matched_boxes": matched})
 
   def eval_stats(params, model_state, batch):
     loc, logits = eval_model.apply({"params": params, **model_state}, batch["image"],
@@ -146,9 +145,9 @@ def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int
   optimizer = optax.chain(optax.add_decayed_weights(cfg.weight_decay, mask=_decays),
                           optax.sgd(lr, momentum=cfg.momentum))
   return Task(
-      benchmark=C.SSD, init=init, loss=loss, eval_stats=eval_stats,
+      init=init, loss=loss, eval_stats=eval_stats,
       quality=lambda totals: float(coco_eval.evaluate(
           ground_truth, totals.get("detections", np.zeros((0, 7))))[0]),
-      quality_name="mAP@[.5:.95]", target=cfg.target_map, optimizer=optimizer,
+      optimizer=optimizer,
       learning_rate=lr, data=data, hparams=hparams(cfg, base_lr, bn_span), host_stats=host_stats,
       warm_start=(lambda: backbone_weights(cfg)) if cfg.backbone_checkpoint else None)

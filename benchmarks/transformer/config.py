@@ -5,8 +5,11 @@ from __future__ import annotations
 import dataclasses
 
 from benchmarks.config import Common
+from benchmarks.task import Spec
 from mesh.errors import UserError
 
+SPEC = Spec(mlperf_name="transformer", rulesets=("0.6.0", "0.7.0"),
+            metric="BLEU (uncased, /100)", target_field="target_bleu")
 DATASETS = ("grammar", "wmt14", "text")
 TRUNCATION = ("discard", "truncate")
 
@@ -76,6 +79,11 @@ PRESETS = {
     "cpu-model": dataclasses.replace(_CPU, mesh=LAYOUTS["model"][0], layout=LAYOUTS["model"][1]),
     "cpu-hybrid": dataclasses.replace(_CPU, mesh=LAYOUTS["hybrid"][0],
                                       layout=LAYOUTS["hybrid"][1]),
+    # Seconds on 2 cores: one layer of width 32 for one epoch of 600 pairs (the contract test).
+    "tiny": dataclasses.replace(
+        _CPU, num_layers=1, d_model=32, d_ff=64, d_kv=4, vocab_size=128,
+        grammar_train_examples=600, grammar_eval_examples=32, max_decode_length=8,
+        max_epochs=1, truncation="truncate"),
     # MLPerf v0.6 on a full TPU-v3 pod (REFERENCE.md): 2048 sequences packed to 80 tokens,
     # lr 1.3 with 550 warmup steps, Adam 0.86/0.92/1e-9.
     "tpu-v3-2048": Config(

@@ -6,7 +6,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from benchmarks.task import Task
+from benchmarks.common.layers import compute_dtype
+from benchmarks.task import LossAux, Task
 from benchmarks.transformer import bleu
 from benchmarks.transformer import data as data_lib
 from benchmarks.transformer.beam import beam_search
@@ -15,11 +16,6 @@ from benchmarks.common.transformer import padded_vocab
 from benchmarks.transformer.model import Transformer
 from benchmarks.common.tokenizer import EOS
 from logs.mlperf import C
-from mesh.collectives import batch_mean
-from mesh.errors import UserError
-
-DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32, "float64": jnp.float64}
-
 
 def schedule(cfg: Config):
   """Linear warmup, then inverse square root decay (Vaswani et al.; tensor2tensor's
@@ -34,7 +30,7 @@ def schedule(cfg: Config):
 
 
 def hparams(cfg: Config) -> tuple:
-  return ((C.GLOBAL_BATCH_SIZE, cfg.global_batch_size), (C.OPT_NAME, cfg.optimizer),
+  return ((C.OPT_NAME, cfg.optimizer),
           (C.OPT_BASE_LR, cfg.base_learning_rate),
           (C.OPT_LR_WARMUP_STEPS, cfg.warmup_steps),
           (C.OPT_ADAM_BETA_1, cfg.adam_beta1), (C.OPT_ADAM_BETA_2, cfg.adam_beta2),
@@ -57,7 +53,7 @@ def make_model(cfg: Config, real_vocab: int, dtype=None) -> Transformer:
                      num_layers=cfg.num_layers, d_model=cfg.d_model, d_ff=cfg.d_ff,
                      num_heads=cfg.num_heads, d_kv=cfg.d_kv, dropout=cfg.dropout,
                      attention_dropout=cfg.attention_dropout,
-                     dtype=dtype or DTYPES[cfg.dtype])
+                     dtype=dtype or compute_dtype(cfg.dtype))
 
 
 def translate(model: Transformer, params, inputs, beam: int, max_len: int, alpha: float):
@@ -81,8 +77,7 @@ def translate(model: Transformer, params, inputs, beam: int, max_len: int, alpha
 
 def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int = 1) -> Task:
   del replicas
-  if cfg.dtype == "float64" and not jax.config.jax_enable_x64:
-    raise UserError("--dtype=float64 needs 64-bit jax: set JAX_ENABLE_X64=1")
+  compute_dtype(cfg.dtype)
   say = (lambda s: print(s, flush=True)) if process_index == 0 else (lambda s: None)
   data, references, tok = data_lib.make(cfg, process_index, process_count, say)
   real_vocab = tok.vocab_size
@@ -101,9 +96,8 @@ def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int
     weights = (batch["targets_segment"] > 0).astype(logits.dtype)
     xent = smoothed_xent(logits, batch["targets"], real_vocab, cfg.label_smoothing)
     correct = (jnp.argmax(logits, -1) == batch["targets"]) * weights
-    tokens = jnp.sum(weights)
-    value = batch_mean(jnp.sum(xent * weights), tokens)
-    return value, (model_state, {"token_accuracy": batch_mean(jnp.sum(correct), tokens)})
+    return jnp.sum(xent * weights), LossAux(jnp.sum(weights), model_state,
+                                            {"token_accuracy": jnp.sum(correct)})
 
   def eval_stats(params, model_state, batch):
     del model_state
@@ -118,7 +112,7 @@ def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int
 
   optimizer = optax.adam(lr, b1=cfg.adam_beta1, b2=cfg.adam_beta2, eps=cfg.adam_epsilon)
   return Task(
-      benchmark=C.TRANSFORMER, init=init, loss=loss, eval_stats=eval_stats,
-      quality=lambda totals: bleu.score(totals) / 100.0, quality_name="BLEU (uncased, /100)",
-      target=cfg.target_bleu, optimizer=optimizer, learning_rate=lr, data=data,
+      init=init, loss=loss, eval_stats=eval_stats,
+      quality=lambda totals: bleu.score(totals) / 100.0, optimizer=optimizer, learning_rate=lr,
+      data=data,
       hparams=hparams(cfg), host_stats=host_stats)

@@ -1,0 +1,102 @@
+"""A decoder-only Transformer language model with named dimensions (Mesh-TensorFlow, Shazeer et
+al. 2018, arXiv 1811.02084: the One Billion Word language models; tensor2tensor's
+`mtf_transformer_paper_lm`, transformer_type "decoder").
+
+Dimension names: batch, length, embed, heads, d_kv, d_ff, vocab. Parameters: the token
+embedding (vocab, embed), the output projection (embed, vocab) unless `shared_embedding`, and
+the shared layers' attention (embed, heads, d_kv) / (heads, d_kv, embed), feed-forward
+(embed, d_ff) / (d_ff, embed) and layer-norm (embed,) parameters. A layout such as
+`batch:data`, `heads:model;d_ff:model;vocab:model` or, adding `embed:model2`, the 2-D
+model-parallel split shards the same code.
+
+Pre-layer-norm blocks of causal self-attention and feed-forward, a final layer norm, sinusoidal
+positions, embeddings scaled by sqrt(d_model). Packed rows: a token attends only to earlier
+tokens of its own segment, and positions restart at 0 in every segment. Each segment is
+predicted from its first token on: the input is the segment shifted right by one, starting from
+the padding id 0 (tensor2tensor's convention for decoder-only models).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+from flax import linen as nn
+
+from benchmarks.common.layers import named_init, param_dtype
+from benchmarks.common.transformer import (
+  EMB,
+  NEG,
+  Attention,
+  FeedForward,
+  LayerNorm,
+  attention_bias,
+  shift_right,
+  sinusoid,
+)
+from mesh import constrain
+
+LOGITS = ("batch", "length", "vocab")
+
+
+class Block(nn.Module):
+  """x + attention(norm(x)), then x + feed_forward(norm(x))."""
+  num_heads: int
+  d_kv: int
+  d_ff: int
+  dropout: float
+  attention_dropout: float
+  dtype: Any
+
+  @nn.compact
+  def __call__(self, x, bias, train: bool):
+    drop = lambda t: nn.Dropout(self.dropout)(t, deterministic=not train)
+    y = LayerNorm(self.dtype)(x)
+    x = x + drop(Attention(self.num_heads, self.d_kv, self.attention_dropout, self.dtype)(
+        y, y, bias, train))
+    y = LayerNorm(self.dtype)(x)
+    return x + drop(FeedForward(self.d_ff, self.dropout, self.dtype)(y, train))
+
+
+class LanguageModel(nn.Module):
+  """`vocab` is the padded model vocab; ids >= `real_vocab` are never predicted."""
+  vocab: int
+  real_vocab: int
+  num_layers: int
+  d_model: int
+  d_ff: int
+  num_heads: int
+  d_kv: int
+  shared_embedding: bool = False
+  dropout: float = 0.0
+  attention_dropout: float = 0.0
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, tokens, segment=None, position=None, train: bool = False):
+    """Next-token logits (batch, length, vocab), float32 (float64 under float64): the logits at
+    position i predict tokens[:, i] from the tokens before it in its segment."""
+    f = param_dtype(self.dtype)
+    segment = (tokens > 0).astype(jnp.int32) if segment is None else segment
+    position = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape) \
+        if position is None else position
+    embedding = self.param(
+        "embedding", named_init(nn.initializers.normal(self.d_model ** -0.5), ("vocab", "embed")),
+        (self.vocab, self.d_model), f)
+    x = jnp.take(embedding, shift_right(tokens, position), axis=0) * (self.d_model ** 0.5)
+    x = x + sinusoid(position, self.d_model).astype(x.dtype)
+    x = nn.Dropout(self.dropout)(x.astype(self.dtype), deterministic=not train)
+    x = constrain(x, EMB)
+    bias = attention_bias(segment, segment, causal=True)
+    for i in range(self.num_layers):
+      x = Block(self.num_heads, self.d_kv, self.d_ff, self.dropout, self.attention_dropout,
+                self.dtype, name=f"layer_{i}")(x, bias, train)
+    x = LayerNorm(self.dtype, name="final_norm")(x)
+    if self.shared_embedding:
+      w = embedding.T
+    else:
+      w = self.param("logits", named_init(nn.initializers.normal(self.d_model ** -0.5),
+                                          ("embed", "vocab")), (self.d_model, self.vocab), f)
+    logits = jnp.einsum("bld,dv->blv", x, w.astype(self.dtype))
+    logits = constrain(logits.astype(f), LOGITS)
+    return jnp.where(jnp.arange(self.vocab) < self.real_vocab, logits, NEG)

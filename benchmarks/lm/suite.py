@@ -1,0 +1,202 @@
+"""The language model: loss, eval log perplexity, AdamW with warmup and cosine decay, and the
+MLPerf keys of llama31_8b (rulesets 5.1.0, 6.0.0 and 6.1.0; `closed_llama31_8b.yaml` lists the
+hyperparameter keys, 6.1.0's `common.yaml` the precision and parallelism disclosures)."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from benchmarks.common.layers import compute_dtype
+from benchmarks.common.transformer import padded_vocab
+from benchmarks.lm import data as data_lib
+from benchmarks.lm.config import PRESETS, Config
+from benchmarks.lm.model import LanguageModel
+from benchmarks.task import LossAux, Task
+from logs.mlperf import C
+from mesh.spec import parse_layout, parse_mesh
+
+# Dimension names of the model's tensors other than batch and length: splitting any of them is
+# tensor (model) parallelism; splitting length would be context parallelism.
+MODEL_DIMS = ("embed", "heads", "d_kv", "d_ff", "vocab")
+SCHEDULE = "cosine with linear warmup"
+_PRECISION = {"float32": "fp32", "bfloat16": "bfloat16", "float64": "fp64"}
+
+
+def make_model(cfg: Config, real_vocab: int, dtype=None) -> LanguageModel:
+  return LanguageModel(vocab=padded_vocab(real_vocab), real_vocab=real_vocab,
+                       num_layers=cfg.num_layers, d_model=cfg.d_model, d_ff=cfg.d_ff,
+                       num_heads=cfg.num_heads, d_kv=cfg.d_kv,
+                       shared_embedding=cfg.shared_embedding, dropout=cfg.dropout,
+                       attention_dropout=cfg.attention_dropout,
+                       dtype=dtype or compute_dtype(cfg.dtype))
+
+
+def total_steps(cfg: Config, steps_per_epoch: int) -> int:
+  return cfg.max_epochs * steps_per_epoch
+
+
+def decay_steps(cfg: Config, steps_per_epoch: int) -> int:
+  """--decay_steps, or every step after warmup up to the last one of --max_epochs."""
+  return cfg.decay_steps or max(total_steps(cfg, steps_per_epoch) - cfg.warmup_steps, 1)
+
+
+def schedule(cfg: Config, steps_per_epoch: int):
+  """Linear warmup from 0 to base over warmup_steps, then cosine decay to end over decay_steps
+  (MLPerf llama31_8b's 'cosine with linear warmup'); constant at end afterwards. Step s (from
+  0) updates with lr(s): warmup reaches base at s = warmup_steps - 1."""
+  base, end, warmup = cfg.base_learning_rate, cfg.end_learning_rate, cfg.warmup_steps
+  decay = decay_steps(cfg, steps_per_epoch)
+
+  def lr(step):
+    s = jnp.asarray(step, jnp.float32) + 1.0
+    warm = base * s / max(warmup, 1)
+    frac = jnp.clip((s - warmup) / decay, 0.0, 1.0)
+    cosine = end + (base - end) * 0.5 * (1.0 + jnp.cos(jnp.pi * frac))
+    return jnp.where(s <= warmup, warm, cosine)
+  return lr
+
+
+def _decays(tree):
+  """AdamW's weight-decay mask: every parameter except layer-norm scales and biases."""
+  def keep(path, _):
+    last = path[-1] if path else None
+    return getattr(last, "key", None) not in ("scale", "bias")
+  return jax.tree_util.tree_map_with_path(keep, tree)
+
+
+def optimizer(cfg: Config, lr) -> optax.GradientTransformation:
+  """Global-norm gradient clipping, then AdamW (decoupled weight decay, Loshchilov & Hutter) or
+  Adam."""
+  adam = (optax.adamw(lr, b1=cfg.adam_beta1, b2=cfg.adam_beta2, eps=cfg.adam_epsilon,
+                      weight_decay=cfg.weight_decay, mask=_decays)
+          if cfg.optimizer == "adamw" else
+          optax.adam(lr, b1=cfg.adam_beta1, b2=cfg.adam_beta2, eps=cfg.adam_epsilon))
+  if cfg.gradient_clip_norm > 0:
+    return optax.chain(optax.clip_by_global_norm(cfg.gradient_clip_norm), adam)
+  return adam
+
+
+def parallelism(cfg: Config, num_devices: int) -> dict[str, int]:
+  """MLPerf 6.1.0 disclosures from the mesh and layout: tensor parallelism is the number of
+  devices the model dimensions are split over, context parallelism those of `length`."""
+  mesh = parse_mesh(cfg.mesh).resolve(num_devices)
+  layout = parse_layout(cfg.layout)
+  sizes = dict(mesh.axes)
+  axes = lambda dims: {a for d in dims for a in layout.axes_for(d) if a in sizes}
+  return {"tensor": math.prod(sizes[a] for a in axes(MODEL_DIMS)),
+          "context": math.prod(sizes[a] for a in axes(("length",))),
+          "data": math.prod(sizes[a] for a in axes(("batch",)))}
+
+
+def accumulation_steps(cfg: Config) -> int:
+  """Micro-batches per step, from a `grad_accum:N` entry of --optimizations (1 without)."""
+  for item in cfg.optimizations.split(","):
+    name, _, arg = item.strip().partition(":")
+    if name == "grad_accum" and arg.strip().isdigit():
+      return int(arg)
+  return 1
+
+
+def config_name(cfg: Config) -> str:
+  """MLPerf config_filename: the preset this config is, or 'custom'."""
+  name = next((n for n, p in PRESETS.items() if p == cfg), "custom")
+  return f"benchmarks/lm/config.py:{name}"
+
+
+def hparams(cfg: Config, steps_per_epoch: int, num_devices: int) -> tuple:
+  """Every key closed_llama31_8b.yaml and 6.1.0's common.yaml ask for, except the ones the loop
+  logs (seed, global_batch_size, gradient_accumulation_steps, train/eval_samples)."""
+  adam = "adamw" if cfg.optimizer == "adamw" else "adam"
+  par = parallelism(cfg, num_devices)
+  linear = _PRECISION[cfg.dtype]
+  # Model-parallel layouts all-reduce activations in the compute dtype; gradients of the float32
+  # (float64) parameters travel in the parameter dtype.
+  comm = linear if par["tensor"] > 1 or par["context"] > 1 else \
+      _PRECISION["float64" if cfg.dtype == "float64" else "float32"]
+  keys = [
+      (C.OPT_NAME, cfg.optimizer),
+      (C.OPT_BASE_LR, cfg.base_learning_rate),
+      (C.OPT_END_LR, cfg.end_learning_rate),
+      (C.OPT_LR_WARMUP_STEPS, cfg.warmup_steps),
+      (C.OPT_LR_DECAY_STEPS, decay_steps(cfg, steps_per_epoch)),
+      (C.OPT_LR_DECAY_SCHEDULE, SCHEDULE),
+      (f"opt_{adam}_beta_1", cfg.adam_beta1),
+      (f"opt_{adam}_beta_2", cfg.adam_beta2),
+      (f"opt_{adam}_epsilon", cfg.adam_epsilon)]
+  if cfg.optimizer == "adamw":
+    keys.append((C.OPT_ADAMW_WEIGHT_DECAY, cfg.weight_decay))
+  micro = cfg.global_batch_size // max(par["data"], 1) // accumulation_steps(cfg)
+  keys += [
+      (C.OPT_GRADIENT_CLIP_NORM, cfg.gradient_clip_norm),
+      (C.MAX_STEPS, total_steps(cfg, steps_per_epoch)),
+      (C.MAX_SEQUENCE_LENGTH, cfg.max_sequence_length,
+       {"method": "packed" if cfg.packing else "one sentence per row"}),
+      (C.LOWEST_NUMERICAL_PRECISION_IN_LINEAR, linear),
+      (C.LOWEST_NUMERICAL_PRECISION_IN_ATTN, linear),
+      (C.LOWEST_NUMERICAL_PRECISION_IN_COMM, comm),
+      (C.TENSOR_PARALLELISM, par["tensor"]),
+      (C.PIPELINE_PARALLELISM, 1),
+      (C.CONTEXT_PARALLELISM, par["context"]),
+      (C.EXPERT_PARALLELISM, 1),
+      (C.MICRO_BATCH_SIZE, max(micro, 1)),
+      (C.CONFIG_FILENAME, config_name(cfg))]
+  return tuple(keys)
+
+
+def xent(logits, targets, real_vocab: int, smoothing: float = 0.0):
+  """Per-token cross entropy; with `smoothing`, against targets with 1 - smoothing on the
+  target and the rest spread evenly over the other real tokens (never the vocab's padding)."""
+  logp = jax.nn.log_softmax(logits)
+  nll = -jnp.take_along_axis(logp, targets[..., None], -1)[..., 0]
+  if not smoothing:
+    return nll
+  vocab = logits.shape[-1]
+  low = smoothing / (real_vocab - 1)
+  soft = jax.nn.one_hot(targets, vocab, dtype=logits.dtype) * (1.0 - smoothing - low)
+  soft = soft + jnp.where(jnp.arange(vocab) < real_vocab, low, 0.0)
+  return -jnp.sum(soft * jnp.where(jnp.arange(vocab) < real_vocab, logp, 0.0), -1)
+
+
+def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int = 1) -> Task:
+  del replicas
+  compute_dtype(cfg.dtype)
+  say = (lambda s: print(s, flush=True)) if process_index == 0 else (lambda s: None)
+  data, tok = data_lib.make(cfg, process_index, process_count, say)
+  real_vocab = tok.vocab_size
+  model = make_model(cfg, real_vocab)
+  lr = schedule(cfg, data.steps_per_epoch)
+
+  def init(rng):
+    return model.init(rng, jnp.ones((1, 8), jnp.int32))
+
+  def loss(params, model_state, batch, rng):
+    """(sum of the token cross entropy over real tokens, LossAux(real tokens, ...))."""
+    logits = model.apply({"params": params}, batch["tokens"], batch["segment"],
+                         batch["position"], train=True, rngs={"dropout": rng})
+    weights = (batch["segment"] > 0).astype(logits.dtype)
+    per_token = xent(logits, batch["tokens"], real_vocab, cfg.label_smoothing)
+    correct = (jnp.argmax(logits, -1) == batch["tokens"]) * weights
+    return jnp.sum(per_token * weights), LossAux(jnp.sum(weights), model_state,
+                                                 {"token_accuracy": jnp.sum(correct)})
+
+  def eval_stats(params, model_state, batch):
+    """Masked sums: the token negative log likelihood (no smoothing) and the token count."""
+    del model_state
+    logits = model.apply({"params": params}, batch["tokens"], batch["segment"],
+                         batch["position"])
+    weights = (batch["segment"] > 0).astype(logits.dtype) * batch["mask"][:, None]
+    nll = xent(logits, batch["tokens"], real_vocab)
+    return {"nll": jnp.sum(nll * weights), "tokens": jnp.sum(weights)}
+
+  def quality(totals):
+    """Log perplexity: nats per eval token."""
+    return float(totals["nll"]) / max(float(totals["tokens"]), 1.0)
+
+  return Task(
+      init=init, loss=loss, eval_stats=eval_stats, quality=quality,
+      optimizer=optimizer(cfg, lr), learning_rate=lr, data=data,
+      hparams=hparams(cfg, data.steps_per_epoch, jax.device_count()))
