@@ -38,8 +38,10 @@ assert len(jax.devices()) == 8, jax.devices()
 # The CPU-default runs take minutes each: start them first, so the workers that get them are
 # not the last to finish (run.sh passes --no-loadscope-reorder, so xdist hands out files in
 # this order).
-_LONG_FIRST = ("test_transformer_e2e.py", "test_resnet_e2e.py")
+_LONG_FIRST = ("test_ssd_e2e.py", "test_transformer_e2e.py", "test_lm_e2e.py",
+               "test_resnet_e2e.py")
 
 
 def pytest_collection_modifyitems(items):
-  items.sort(key=lambda item: item.path.name not in _LONG_FIRST)
+  rank = {name: i for i, name in enumerate(_LONG_FIRST)}
+  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))

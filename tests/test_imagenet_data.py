@@ -89,7 +89,7 @@ def test_trains_an_epoch_on_it(imagenet_dir, tmp_path):
   s = train.run(_cfg(imagenet_dir, max_epochs=1), "resnet",
                 train.RunOptions(output_dir=str(tmp_path), quiet=True))
   assert s["dataset"] == "imagenet2012" and s["steps"] == N_TRAIN // 16
-  assert s["evals"][0]["epoch"] == 1 and 0 <= s["final_quality"] <= 1
+  assert s["evals"][0]["epoch_num"] == 1 and 0 <= s["final_quality"] <= 1
 
 
 def test_missing_or_wrong_dataset_is_a_clear_error(tmp_path):

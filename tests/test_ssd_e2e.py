@@ -1,0 +1,30 @@
+"""SSD end to end: the CPU default run (what `./run.sh ssd` runs) reaches its mAP target and its
+log passes the real checker under both rulesets."""
+
+import json
+import os
+import subprocess
+import sys
+
+from benchmarks.ssd.config import PRESETS
+from logs import compliance
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_cpu_default_reaches_target_and_passes_checker(tmp_path):
+  env = dict(os.environ)
+  env.pop("XLA_FLAGS", None)
+  env["MESHPERF_CACHE"] = str(tmp_path / "cache")      # the shapes dataset written from scratch
+  p = subprocess.run([sys.executable, "-m", "benchmarks.main", "ssd",
+                      f"--output_dir={tmp_path / 'run'}", "--progress_every_s=1000"], cwd=ROOT,
+                     env=env, capture_output=True, text=True, timeout=1500, check=False)
+  assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+  summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+  assert summary["status"] == "success"
+  assert summary["final_quality"] >= PRESETS["cpu"].target_map
+  assert summary["evals"][0]["quality"] < summary["final_quality"]      # it learned
+  results = compliance.check_path(str(tmp_path / "run"))
+  assert {r.ruleset for r in results} == {"0.7.0", "1.0.0"}
+  for r in results:
+    assert r.ok, (r.ruleset, r.messages)
