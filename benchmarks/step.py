@@ -21,7 +21,7 @@ from flax import linen as nn
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
 import optimizations
-from benchmarks.task import LossAux, Task
+from benchmarks.task import Task
 from mesh import cost
 from mesh.errors import UserError
 from mesh.sharding import Sharder, follow_params, manual, names_of, spec_entry, use
@@ -69,10 +69,9 @@ def _shape_of(batch: dict[str, np.ndarray], process_count: int, shardings) -> di
                                   sharding=shardings[k]) for k, v in batch.items()}
 
 
-def _means(total, aux: LossAux, metrics_total=None):
-  """Loss and metrics as means over the weight (after every sum is complete)."""
-  metrics = aux.metrics if metrics_total is None else metrics_total
-  return total / aux.weight, {k: v / aux.weight for k, v in metrics.items()}
+def _means(total, weight, metrics: dict):
+  """Loss and metrics as means over the weight (once every sum is complete)."""
+  return total / weight, {k: v / weight for k, v in metrics.items()}
 
 
 def train_step_fn(task: Task, ctx: StepContext):
@@ -89,7 +88,7 @@ def train_step_fn(task: Task, ctx: StepContext):
 
   def gspmd_grads(params, model_state, batch, rng):
     (total, aux), grads = grad_fn(params, model_state, batch, rng)
-    loss, metrics = _means(total, aux)
+    loss, metrics = _means(total, aux.weight, aux.metrics)
     return loss, aux.model_state, metrics, jax.tree.map(lambda g: g / aux.weight, grads)
 
   def explicit_grads(params, model_state, batch, rng):
@@ -101,7 +100,7 @@ def train_step_fn(task: Task, ctx: StepContext):
       total, weight, metrics = jax.lax.psum((total, aux.weight, aux.metrics), axes)
       model_state = jax.lax.pmean(aux.model_state, axes)
       grads = jax.tree.map(lambda g: g / weight, plan.update.reduce(grads, ctx))
-      loss, metrics = _means(total, aux._replace(weight=weight), metrics)
+      loss, metrics = _means(total, weight, metrics)
       return loss, model_state, metrics, grads
 
     batch_specs = {k: batch_spec for k in batch}

@@ -15,7 +15,6 @@ import sys
 import tempfile
 
 
-
 def rulesets_of(mlperf_name: str | None) -> tuple[str, ...]:
   """The training rulesets a registered benchmark declares for its MLPerf name (its Spec)."""
   from benchmarks import registry  # pylint: disable=import-outside-toplevel

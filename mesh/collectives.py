@@ -20,7 +20,6 @@ import jax
 import jax.numpy as jnp
 
 
-
 @dataclasses.dataclass(frozen=True)
 class Reduction:
   """Sum over the data-parallel axes in `phases` (each a tuple of mesh axes)."""

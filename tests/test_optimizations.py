@@ -13,9 +13,9 @@ from benchmarks import step as step_lib
 from benchmarks import train
 from benchmarks.resnet import suite
 from mesh import cost
-from optimizations.weight_update_sharding import ShardedUpdate
 from mesh.errors import UserError
 from mesh.spec import parse_layout, parse_mesh
+from optimizations.weight_update_sharding import ShardedUpdate
 from tests import helpers
 
 # --- choosing optimizations -------------------------------------------------------------------

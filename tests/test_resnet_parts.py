@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
+from benchmarks.common.convnet import BatchNorm
 from benchmarks.data import array_batches, num_steps, padded
 from benchmarks.resnet import data as data_lib
 from benchmarks.resnet.config import PRESETS
-from benchmarks.common.convnet import BatchNorm
 from benchmarks.resnet.suite import schedule
 
 

@@ -7,10 +7,10 @@ import os
 import numpy as np
 import pytest
 
-from benchmarks.transformer import data as data_lib
 from benchmarks.common import grammar
-from benchmarks.transformer.config import PRESETS
 from benchmarks.common.tokenizer import EOS
+from benchmarks.transformer import data as data_lib
+from benchmarks.transformer.config import PRESETS
 from mesh.errors import UserError
 
 EN, DE = grammar.corpus(1200, 5)

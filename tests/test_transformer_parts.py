@@ -10,11 +10,12 @@ import pytest
 import sacrebleu
 
 from benchmarks.common import grammar
+from benchmarks.common import transformer as common_transformer
+from benchmarks.common.tokenizer import EOS
 from benchmarks.transformer import bleu, suite
 from benchmarks.transformer.beam import length_penalty
 from benchmarks.transformer.config import PRESETS
 from benchmarks.transformer.model import Transformer
-from benchmarks.common.tokenizer import EOS
 
 WORDS = (2, 3, 4)          # a vocabulary of three words, end-of-sentence 1, padding 0
 
@@ -113,7 +114,7 @@ def test_label_smoothing_loss_matches_its_definition():
   logits = jax.random.normal(jax.random.PRNGKey(0), (2, 3, 8))
   targets = jnp.array([[1, 2, 3], [4, 0, 1]])
   real, s = 6, 0.1
-  got = suite.smoothed_xent(logits, targets, real, s)
+  got = common_transformer.xent(logits, targets, real, s)
   logp = jax.nn.log_softmax(logits)
   for b in range(2):
     for t in range(3):

@@ -6,9 +6,11 @@ Trained from the training text on first use and saved, or loaded from a path. Id
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import tempfile
+import time
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
@@ -80,3 +82,26 @@ def load_or_train(path: str, texts: Callable[[], Iterable[str]], vocab_size: int
     f.write(proto)
   os.replace(tmp, path)
   return Tokenizer(proto, path)
+
+
+def cache_path(prefix: str, key: str, vocab_size: int) -> str:
+  """A cached tokenizer's file: `$MESHPERF_CACHE` (or `~/.cache/meshperf`)/tokenizers/
+  <prefix>-<hash of key>-<vocab_size>.model."""
+  digest = hashlib.sha1(key.encode()).hexdigest()[:10]
+  root = os.environ.get("MESHPERF_CACHE") or os.path.join(
+      os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "meshperf")
+  return os.path.join(root, "tokenizers", f"{prefix}-{digest}-{vocab_size}.model")
+
+
+def shared(path: str, texts: Callable[[], Iterable[str]], vocab_size: int, process_index: int,
+           say: Callable[[str], None] = lambda s: None, wait_s: float = 1800) -> Tokenizer:
+  """One vocabulary for every process: process 0 loads or trains the model at `path`, the
+  others wait for its file (hosts need a shared path) and load it."""
+  if process_index != 0:
+    deadline = time.time() + wait_s
+    while not os.path.exists(path):
+      if time.time() > deadline:
+        raise UserError(f"process {process_index}: no tokenizer at {path} after "
+                        f"{wait_s / 60:.0f} minutes; pass a shared --tokenizer path")
+      time.sleep(1)
+  return load_or_train(path, texts, vocab_size, say)

@@ -131,3 +131,17 @@ def shift_right(targets, position):
   """Decoder inputs: each segment's targets moved one step right, starting from 0."""
   shifted = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]
   return jnp.where(position == 0, 0, shifted)
+
+
+def xent(logits, targets, real_vocab: int, smoothing: float = 0.0):
+  """Per-token cross entropy; with `smoothing`, against targets with 1 - smoothing on the
+  target and the rest spread evenly over the other real tokens (never the vocab's padding)."""
+  logp = jax.nn.log_softmax(logits)
+  nll = -jnp.take_along_axis(logp, targets[..., None], -1)[..., 0]
+  if not smoothing:
+    return nll
+  vocab = logits.shape[-1]
+  low = smoothing / (real_vocab - 1)
+  soft = jax.nn.one_hot(targets, vocab, dtype=logits.dtype) * (1.0 - smoothing - low)
+  soft = soft + jnp.where(jnp.arange(vocab) < real_vocab, low, 0.0)
+  return -jnp.sum(soft * jnp.where(jnp.arange(vocab) < real_vocab, logp, 0.0), -1)

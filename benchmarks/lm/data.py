@@ -18,7 +18,6 @@ token counts exactly once whatever the device and process count.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import time
 from typing import Callable, Iterator
@@ -27,7 +26,14 @@ import numpy as np
 
 from benchmarks.common import grammar
 from benchmarks.common import tokenizer as tok_lib
-from benchmarks.data import Data, array_batches, num_steps, open_tfds, padded, process_indices
+from benchmarks.data import (
+  Data,
+  array_batches,
+  num_steps,
+  open_tfds,
+  padded,
+  process_indices,
+)
 from mesh.errors import UserError
 
 FIELDS = ("tokens", "segment", "position")
@@ -107,24 +113,13 @@ def tokenizer_path(cfg) -> str:
     return cfg.tokenizer
   key = f"lm|{cfg.dataset}|{os.path.abspath(cfg.data_dir) if cfg.data_dir else ''}|" \
         f"{cfg.grammar_train_examples}|{cfg.grammar_translations}"
-  digest = hashlib.sha1(key.encode()).hexdigest()[:10]
-  root = os.environ.get("MESHPERF_CACHE") or os.path.join(
-      os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "meshperf")
-  return os.path.join(root, "tokenizers", f"lm-{cfg.dataset}-{digest}-{cfg.vocab_size}.model")
+  return tok_lib.cache_path(f"lm-{cfg.dataset}", key, cfg.vocab_size)
 
 
 def tokenizer(cfg, corpus: Corpus, process_index: int, say=lambda s: None) -> tok_lib.Tokenizer:
   """Process 0 trains a missing tokenizer on the training text; the others wait for its file."""
-  path = tokenizer_path(cfg)
-  if process_index != 0:
-    deadline = time.time() + 1800
-    while not os.path.exists(path):
-      if time.time() > deadline:
-        raise UserError(f"process {process_index}: no tokenizer at {path} after 30 minutes; "
-                        f"pass a shared --tokenizer path")
-      time.sleep(1)
   texts = lambda: (line for chunk in corpus.train() for line in chunk)
-  return tok_lib.load_or_train(path, texts, cfg.vocab_size, say)
+  return tok_lib.shared(tokenizer_path(cfg), texts, cfg.vocab_size, process_index, say)
 
 
 # --- token arrays -------------------------------------------------------------------------------

@@ -50,7 +50,8 @@ class Block(nn.Module):
 
   @nn.compact
   def __call__(self, x, bias, train: bool):
-    drop = lambda t: nn.Dropout(self.dropout)(t, deterministic=not train)
+    def drop(t):
+      return nn.Dropout(self.dropout)(t, deterministic=not train)
     y = LayerNorm(self.dtype)(x)
     x = x + drop(Attention(self.num_heads, self.d_kv, self.attention_dropout, self.dtype)(
         y, y, bias, train))

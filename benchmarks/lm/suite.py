@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import optax
 
 from benchmarks.common.layers import compute_dtype
-from benchmarks.common.transformer import padded_vocab
+from benchmarks.common.transformer import padded_vocab, xent
 from benchmarks.lm import data as data_lib
 from benchmarks.lm.config import PRESETS, Config
 from benchmarks.lm.model import LanguageModel
@@ -60,7 +60,7 @@ def schedule(cfg: Config, steps_per_epoch: int):
   return lr
 
 
-def _decays(tree):
+def decay_mask(tree):
   """AdamW's weight-decay mask: every parameter except layer-norm scales and biases."""
   def keep(path, _):
     last = path[-1] if path else None
@@ -72,7 +72,7 @@ def optimizer(cfg: Config, lr) -> optax.GradientTransformation:
   """Global-norm gradient clipping, then AdamW (decoupled weight decay, Loshchilov & Hutter) or
   Adam."""
   adam = (optax.adamw(lr, b1=cfg.adam_beta1, b2=cfg.adam_beta2, eps=cfg.adam_epsilon,
-                      weight_decay=cfg.weight_decay, mask=_decays)
+                      weight_decay=cfg.weight_decay, mask=decay_mask)
           if cfg.optimizer == "adamw" else
           optax.adam(lr, b1=cfg.adam_beta1, b2=cfg.adam_beta2, eps=cfg.adam_epsilon))
   if cfg.gradient_clip_norm > 0:
@@ -86,19 +86,10 @@ def parallelism(cfg: Config, num_devices: int) -> dict[str, int]:
   mesh = parse_mesh(cfg.mesh).resolve(num_devices)
   layout = parse_layout(cfg.layout)
   sizes = dict(mesh.axes)
-  axes = lambda dims: {a for d in dims for a in layout.axes_for(d) if a in sizes}
-  return {"tensor": math.prod(sizes[a] for a in axes(MODEL_DIMS)),
-          "context": math.prod(sizes[a] for a in axes(("length",))),
-          "data": math.prod(sizes[a] for a in axes(("batch",)))}
 
-
-def accumulation_steps(cfg: Config) -> int:
-  """Micro-batches per step, from a `grad_accum:N` entry of --optimizations (1 without)."""
-  for item in cfg.optimizations.split(","):
-    name, _, arg = item.strip().partition(":")
-    if name == "grad_accum" and arg.strip().isdigit():
-      return int(arg)
-  return 1
+  def ways(dims):
+    return math.prod(sizes[a] for a in {a for d in dims for a in layout.axes_for(d) if a in sizes})
+  return {"tensor": ways(MODEL_DIMS), "context": ways(("length",)), "data": ways(("batch",))}
 
 
 def config_name(cfg: Config) -> str:
@@ -107,9 +98,10 @@ def config_name(cfg: Config) -> str:
   return f"benchmarks/lm/config.py:{name}"
 
 
-def hparams(cfg: Config, steps_per_epoch: int, num_devices: int) -> tuple:
+def hparams(cfg: Config, steps_per_epoch: int, num_devices: int, micro_batch: int) -> tuple:
   """Every key closed_llama31_8b.yaml and 6.1.0's common.yaml ask for, except the ones the loop
-  logs (seed, global_batch_size, gradient_accumulation_steps, train/eval_samples)."""
+  logs (seed, global_batch_size, gradient_accumulation_steps, train/eval_samples).
+  `micro_batch`: examples per replica per forward pass (batch / (replicas x micro-batches))."""
   adam = "adamw" if cfg.optimizer == "adamw" else "adam"
   par = parallelism(cfg, num_devices)
   linear = _PRECISION[cfg.dtype]
@@ -129,7 +121,6 @@ def hparams(cfg: Config, steps_per_epoch: int, num_devices: int) -> tuple:
       (f"opt_{adam}_epsilon", cfg.adam_epsilon)]
   if cfg.optimizer == "adamw":
     keys.append((C.OPT_ADAMW_WEIGHT_DECAY, cfg.weight_decay))
-  micro = cfg.global_batch_size // max(par["data"], 1) // accumulation_steps(cfg)
   keys += [
       (C.OPT_GRADIENT_CLIP_NORM, cfg.gradient_clip_norm),
       (C.MAX_STEPS, total_steps(cfg, steps_per_epoch)),
@@ -142,27 +133,14 @@ def hparams(cfg: Config, steps_per_epoch: int, num_devices: int) -> tuple:
       (C.PIPELINE_PARALLELISM, 1),
       (C.CONTEXT_PARALLELISM, par["context"]),
       (C.EXPERT_PARALLELISM, 1),
-      (C.MICRO_BATCH_SIZE, max(micro, 1)),
+      (C.MICRO_BATCH_SIZE, micro_batch),
       (C.CONFIG_FILENAME, config_name(cfg))]
   return tuple(keys)
 
 
-def xent(logits, targets, real_vocab: int, smoothing: float = 0.0):
-  """Per-token cross entropy; with `smoothing`, against targets with 1 - smoothing on the
-  target and the rest spread evenly over the other real tokens (never the vocab's padding)."""
-  logp = jax.nn.log_softmax(logits)
-  nll = -jnp.take_along_axis(logp, targets[..., None], -1)[..., 0]
-  if not smoothing:
-    return nll
-  vocab = logits.shape[-1]
-  low = smoothing / (real_vocab - 1)
-  soft = jax.nn.one_hot(targets, vocab, dtype=logits.dtype) * (1.0 - smoothing - low)
-  soft = soft + jnp.where(jnp.arange(vocab) < real_vocab, low, 0.0)
-  return -jnp.sum(soft * jnp.where(jnp.arange(vocab) < real_vocab, logp, 0.0), -1)
-
-
 def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int = 1) -> Task:
-  del replicas
+  """`replicas`: how many ways each forward pass's batch is split (data-parallel replicas x
+  accumulation micro-batches), so the per-replica micro-batch is global_batch_size / replicas."""
   compute_dtype(cfg.dtype)
   say = (lambda s: print(s, flush=True)) if process_index == 0 else (lambda s: None)
   data, tok = data_lib.make(cfg, process_index, process_count, say)
@@ -199,4 +177,5 @@ def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int
   return Task(
       init=init, loss=loss, eval_stats=eval_stats, quality=quality,
       optimizer=optimizer(cfg, lr), learning_rate=lr, data=data,
-      hparams=hparams(cfg, data.steps_per_epoch, jax.device_count()))
+      hparams=hparams(cfg, data.steps_per_epoch, jax.device_count(),
+                      max(1, cfg.global_batch_size // replicas)))

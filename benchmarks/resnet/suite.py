@@ -6,10 +6,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from benchmarks.common.layers import compute_dtype
 from benchmarks.resnet import data as data_lib
 from benchmarks.resnet.config import Config
 from benchmarks.resnet.model import ResNet
-from benchmarks.common.layers import compute_dtype
 from benchmarks.task import LossAux, Task
 from logs.mlperf import C
 

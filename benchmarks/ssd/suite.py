@@ -9,12 +9,12 @@ import optax
 
 from benchmarks.common import weights
 from benchmarks.common.convnet import STAGES
+from benchmarks.common.layers import compute_dtype
 from benchmarks.ssd import boxes as box_lib
 from benchmarks.ssd import coco_eval, detect
 from benchmarks.ssd import data as data_lib
 from benchmarks.ssd.config import Config
 from benchmarks.ssd.model import SSD, feature_sizes
-from benchmarks.common.layers import compute_dtype
 from benchmarks.task import LossAux, Task
 from logs.mlperf import C
 from mesh.errors import UserError

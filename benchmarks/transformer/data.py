@@ -10,12 +10,13 @@ host) and `mask`.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import time
 
 import numpy as np
 
+from benchmarks.common import grammar
+from benchmarks.common import tokenizer as tok_lib
 from benchmarks.data import (
   Data,
   array_batches,
@@ -24,8 +25,6 @@ from benchmarks.data import (
   padded,
   process_indices,
 )
-from benchmarks.common import grammar
-from benchmarks.common import tokenizer as tok_lib
 from mesh.errors import UserError
 
 TRAIN_FIELDS = ("inputs", "inputs_segment", "inputs_position", "targets", "targets_segment",
@@ -110,24 +109,13 @@ def tokenizer_path(cfg) -> str:
     return cfg.tokenizer
   key = f"{cfg.dataset}|{os.path.abspath(cfg.data_dir) if cfg.data_dir else ''}|" \
         f"{cfg.source_language}{cfg.target_language}|{cfg.grammar_train_examples}"
-  digest = hashlib.sha1(key.encode()).hexdigest()[:10]
-  root = os.environ.get("MESHPERF_CACHE") or os.path.join(
-      os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "meshperf")
-  return os.path.join(root, "tokenizers", f"{cfg.dataset}-{digest}-{cfg.vocab_size}.model")
+  return tok_lib.cache_path(cfg.dataset, key, cfg.vocab_size)
 
 
 def tokenizer(cfg, corpus: Corpus, process_index: int, say=lambda s: None) -> tok_lib.Tokenizer:
   """Process 0 trains a missing tokenizer; the others wait for its file (one vocabulary)."""
-  path = tokenizer_path(cfg)
-  if process_index != 0:
-    deadline = time.time() + 1800
-    while not os.path.exists(path):
-      if time.time() > deadline:
-        raise UserError(f"process {process_index}: no tokenizer at {path} after 30 minutes; "
-                        f"pass a shared --tokenizer path")
-      time.sleep(1)
   texts = lambda: (s for pair in zip(corpus.train_source, corpus.train_target) for s in pair)
-  return tok_lib.load_or_train(path, texts, cfg.vocab_size, say)
+  return tok_lib.shared(tokenizer_path(cfg), texts, cfg.vocab_size, process_index, say)
 
 
 # --- token arrays -------------------------------------------------------------------------------

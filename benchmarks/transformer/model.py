@@ -33,6 +33,7 @@ from benchmarks.common.transformer import (
 )
 from mesh import constrain
 
+
 @dataclasses.dataclass(frozen=True)
 class Dims:
   """What every layer needs to know of the model."""

@@ -7,15 +7,16 @@ import jax.numpy as jnp
 import optax
 
 from benchmarks.common.layers import compute_dtype
+from benchmarks.common.tokenizer import EOS
+from benchmarks.common.transformer import padded_vocab, xent
 from benchmarks.task import LossAux, Task
 from benchmarks.transformer import bleu
 from benchmarks.transformer import data as data_lib
 from benchmarks.transformer.beam import beam_search
 from benchmarks.transformer.config import Config
-from benchmarks.common.transformer import padded_vocab
 from benchmarks.transformer.model import Transformer
-from benchmarks.common.tokenizer import EOS
 from logs.mlperf import C
+
 
 def schedule(cfg: Config):
   """Linear warmup, then inverse square root decay (Vaswani et al.; tensor2tensor's
@@ -36,16 +37,6 @@ def hparams(cfg: Config) -> tuple:
           (C.OPT_ADAM_BETA_1, cfg.adam_beta1), (C.OPT_ADAM_BETA_2, cfg.adam_beta2),
           (C.OPT_ADAM_EPSILON, cfg.adam_epsilon),
           (C.MAX_SEQUENCE_LENGTH, cfg.max_sequence_length, {"method": cfg.truncation}))
-
-
-def smoothed_xent(logits, targets, real_vocab: int, smoothing: float):
-  """Cross entropy against label-smoothed targets: 1 - smoothing on the target, the rest spread
-  evenly over the other real tokens (never over the vocab's padding rows)."""
-  vocab = logits.shape[-1]
-  low = smoothing / (real_vocab - 1)
-  soft = jax.nn.one_hot(targets, vocab) * (1.0 - smoothing - low)
-  soft = soft + jnp.where(jnp.arange(vocab) < real_vocab, low, 0.0)
-  return -jnp.sum(soft * jax.nn.log_softmax(logits), -1)
 
 
 def make_model(cfg: Config, real_vocab: int, dtype=None) -> Transformer:
@@ -94,9 +85,9 @@ def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int
                          batch["targets_segment"], batch["targets_position"], train=True,
                          rngs={"dropout": rng})
     weights = (batch["targets_segment"] > 0).astype(logits.dtype)
-    xent = smoothed_xent(logits, batch["targets"], real_vocab, cfg.label_smoothing)
+    per_token = xent(logits, batch["targets"], real_vocab, cfg.label_smoothing)
     correct = (jnp.argmax(logits, -1) == batch["targets"]) * weights
-    return jnp.sum(xent * weights), LossAux(jnp.sum(weights), model_state,
+    return jnp.sum(per_token * weights), LossAux(jnp.sum(weights), model_state,
                                             {"token_accuracy": jnp.sum(correct)})
 
   def eval_stats(params, model_state, batch):
