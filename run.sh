@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # meshperf entry point.
-#   ./run.sh <benchmark> [--flag=value ...]   run a benchmark (resnet); --helpfull lists flags
+#   ./run.sh <benchmark> [--flag=value ...]   run a benchmark (resnet, transformer, ssd, lm); --help lists its flags
 #   ./run.sh test [pytest args]               the whole test suite (8 simulated CPU devices)
 #   ./run.sh check PATH                       MLPerf compliance of a result_*.txt or a folder
 #   ./run.sh ablate <benchmark> [--flags]     each optimization on/off, side by side
