@@ -9,7 +9,8 @@ For every variant (mesh, layout, optimizations; the benchmark config module's AB
 compiles the benchmark's step and reports
 collective bytes by kind, memory per device, optimizer-state bytes per device, the median step
 time and the median time of one full evaluation. Variants are timed in interleaved rounds, so
-machine noise hits them alike; ratios are against the `none` row on the same mesh.
+machine noise hits them alike; ratios are against the first row on the same mesh (its
+baseline).
 """
 
 from __future__ import annotations

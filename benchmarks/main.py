@@ -14,6 +14,7 @@ import inspect
 import os
 import re
 import sys
+import traceback
 import typing
 
 from absl import flags
@@ -158,14 +159,16 @@ def _parse_error(e: flags.Error, name: str, types: dict) -> UserError:
     flag = e.flagname
     if flag.startswith("no") and flag[2:] in types:   # --nofoo for a non-boolean foo
       return UserError(f"--{flag}: --{flag[2:]} is not a true/false flag; {hint}")
-    owners = _owners(flag)
+    owners = _owners(flag) or (_owners(flag[2:]) if flag.startswith("no") else [])
     if owners:
       return UserError(f"--{flag} is a flag of {', '.join(owners)}, not of {name}; {hint}")
     return UserError(f"unknown flag --{flag}; {hint}")
   m = re.match(r"flag --(\w+)=(.*?): ", text)
   if m:
     flag, value = m.groups()
-    what = _EXPECTS.get(types.get(flag), None) or re.sub(r"^flag --\w+=.*?: ", "", text)
+    what = _EXPECTS.get(types.get(flag), None)
+    if what is None:
+      what = re.sub(r"^flag --\w+=.*?: (value should be )?", "", text)
     return UserError(f"--{flag}={value}: expects {what}")
   return UserError(f"{text}; {hint}")
 
@@ -184,7 +187,7 @@ def _help(name: str, preset_name: str, cfg, presets, run_flags: list[str]) -> st
   lines += ["", "run flags:"]
   for n in run_flags:
     fl = FLAGS[n]
-    default = "" if fl.default is None else _show(fl.default)
+    default = preset_name if n == "config" else "" if fl.default is None else _show(fl.default)
     lines.append(f"  --{n}={default}".ljust(40) + "  " + fl.help)
   return "\n".join(lines)
 
@@ -216,6 +219,9 @@ def setup(argv: list[str], verb: str = "<benchmark>", run_flags: list[str] | Non
     raise _parse_error(e, name, types) from None
   if extra:
     raise UserError(f"unexpected argument '{extra[0]}'; flags are written --name=value")
+  if FLAGS.config != preset_name:    # a spelling the pre-scan did not see (-config=, flagfile)
+    raise UserError(f"--config={FLAGS.config}: write it as --config=NAME (one of "
+                    f"{', '.join(mod.PRESETS)})")
   cfg = config_lib.replace(preset, {n: FLAGS[n].value for n in types if FLAGS[n].present})
   config_lib.validate_common(cfg)
 
@@ -251,13 +257,25 @@ def main(argv: list[str]) -> int:
   return 0 if summary["status"] == "success" else 1
 
 
+# Exit statuses (README "run.sh"): 0 target reached, 1 stopped at --max_epochs, 2 bad input,
+# 3 the run crashed (an unexpected error, traceback printed), 130 interrupted (Ctrl-C).
+EXIT_CRASHED, EXIT_INTERRUPTED = 3, 130
+
+
 def run_main(fn):
-  """Runs `fn(sys.argv)` with UserError turned into one `error:` line and exit status 2."""
+  """Runs `fn(sys.argv)` with UserError turned into one `error:` line and exit status 2, an
+  unexpected error into its traceback and status 3."""
   try:
     code = fn(sys.argv)
   except UserError as e:
     print(f"error: {e}", file=sys.stderr)
     code = 2
+  except KeyboardInterrupt:
+    print("interrupted", file=sys.stderr)
+    code = EXIT_INTERRUPTED
+  except Exception:  # pylint: disable=broad-except
+    traceback.print_exc()
+    code = EXIT_CRASHED
   sys.exit(code)
 
 

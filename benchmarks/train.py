@@ -58,7 +58,8 @@ def check_output(opts: RunOptions) -> None:
   if opts.division not in ("open", "closed"):
     raise UserError(f"--division={opts.division}: choose open or closed")
   path = result_path(opts)
-  if opts.resume and not os.path.isdir(os.path.join(opts.output_dir, "checkpoints")):
+  ckpts = os.path.join(opts.output_dir, "checkpoints")
+  if opts.resume and not (os.path.isdir(ckpts) and any(n.isdigit() for n in os.listdir(ckpts))):
     raise UserError(f"--resume: no checkpoints in {opts.output_dir}; pass the --output_dir of "
                     f"a run that used --checkpoint_every")
   if os.path.exists(path) and not (opts.resume or opts.overwrite):
@@ -120,30 +121,43 @@ class Block:
   label: str                        # "epoch 3" or "12,800 samples"
 
 
-def timeline(cfg, spec: Spec, steps_per_epoch: int, num_train: int) -> list[Block]:
-  """The run's blocks: after every `eval_every` epochs (or the `eval_epochs` list) for an
-  epochs-cadence benchmark; every `eval_every_samples` training samples (0: every epoch) for a
-  samples-cadence one. The last block ends at max_epochs."""
+def timeline(cfg, spec: Spec, steps_per_epoch: int, start: int = 0) -> list[Block]:
+  """The run's blocks from global step `start` on (a resumed run's first block starts there):
+  after every `eval_every` epochs (or the `eval_epochs` list) for an epochs-cadence benchmark;
+  every `eval_every_samples` training samples (0: every epoch) for a samples-cadence one. The
+  last block ends at max_epochs."""
   total = cfg.max_epochs * steps_per_epoch
   if spec.cadence == "epochs":
     ends = [e * steps_per_epoch for e in eval_points(cfg)]
   else:
-    every = max(1, round(cfg.eval_every_samples / cfg.global_batch_size)) \
-        if cfg.eval_every_samples else steps_per_epoch
+    every = cfg.eval_every_samples // cfg.global_batch_size or steps_per_epoch
     ends = list(range(every, total, every)) + [total]
-  blocks, first = [], 0
-  for end in ends:
+  blocks, first = [], start
+  for end in (e for e in ends if e > start):
     if spec.cadence == "epochs":
-      e0, e1 = first // steps_per_epoch, end // steps_per_epoch
+      e0, e1 = first // steps_per_epoch, -(-end // steps_per_epoch)
       blocks.append(Block(first, end - first, {C.FIRST_EPOCH_NUM: e0 + 1, C.EPOCH_COUNT: e1 - e0},
                           {C.FIRST_EPOCH_NUM: e0 + 1}, {C.EPOCH_NUM: e1}, f"epoch {e1}"))
     else:
       seen = end * cfg.global_batch_size
-      at = {C.EPOCH_NUM: round(seen / num_train, 4), C.SAMPLES_COUNT: seen}
+      at = {C.EPOCH_NUM: round(end / steps_per_epoch, 4), C.SAMPLES_COUNT: seen}
       blocks.append(Block(first, end - first, {C.SAMPLES_COUNT: first * cfg.global_batch_size},
                           {C.SAMPLES_COUNT: seen}, at, f"{seen:,} samples"))
     first = end
   return blocks
+
+
+def _check_cadence(cfg, spec: Spec) -> None:
+  """Cadence flags that do not apply to the benchmark, or that do not fall on a step."""
+  if spec.cadence == "epochs" and cfg.eval_every_samples:
+    raise UserError("--eval_every_samples: this benchmark evaluates after epochs "
+                    "(--eval_every, --eval_epochs)")
+  if spec.cadence == "samples" and cfg.eval_epochs:
+    raise UserError("--eval_epochs: this benchmark evaluates every --eval_every_samples samples")
+  if spec.cadence == "samples" and cfg.eval_every_samples % cfg.global_batch_size:
+    raise UserError(f"--eval_every_samples={cfg.eval_every_samples} is not a multiple of "
+                    f"--global_batch_size={cfg.global_batch_size}; evaluations fall after "
+                    f"whole steps")
 
 
 def _batches(data, first_step: int):
@@ -173,9 +187,10 @@ def _setup(cfg, entry, opts: RunOptions, log: MLPerfLog, say):
       raise UserError(f"{what}={size} is not divisible by the {ways} and {pc} process(es)")
   # `replicas` for the suite: how many ways each forward pass's batch is split (replicas x
   # micro-batches), e.g. the default batch-norm span.
+  spec = entry.spec
+  _check_cadence(cfg, spec)
   task = entry.build()(cfg, replicas=replicas * plan.accumulation_steps, process_index=pi,
                        process_count=pc)
-  spec = entry.spec
   platform = opts.submission_platform or f"{len(jax.devices())}x{jax.devices()[0].device_kind}"
   for key, value in ((C.SUBMISSION_BENCHMARK, spec.mlperf_name),
                      (C.SUBMISSION_ORG, opts.submission_org),
@@ -228,8 +243,7 @@ def run(cfg, benchmark: str, opts: RunOptions) -> dict[str, Any]:
   ckpt = _Checkpoints(os.path.join(opts.output_dir, "checkpoints")) if (
       opts.checkpoint_every or opts.resume) else None
   state, step = _maybe_resume(ckpt, program, state, opts, say)
-  blocks = [b for b in timeline(cfg, spec, data.steps_per_epoch, data.num_train)
-            if b.first_step >= step]
+  blocks = timeline(cfg, spec, data.steps_per_epoch, start=step)
   log.event(C.TRAIN_SAMPLES, data.num_train)
   log.event(C.EVAL_SAMPLES, data.num_eval)
   log.end(C.INIT_STOP)
@@ -252,16 +266,17 @@ def run(cfg, benchmark: str, opts: RunOptions) -> dict[str, Any]:
       log.end(C.BLOCK_STOP, metadata=block.stop)
       quality, eval_s = _evaluate(program, task, state, block, log)
       step = block.first_step + block.steps
-      evals.append({**{k: v for k, v in block.at.items()}, "step": step, "quality": quality,
+      evals.append({**block.at, "step": step, "quality": quality,
                     "eval_s": eval_s, "train_loss": float(metrics.get("loss", float("nan"))),
                     "elapsed_s": time.time() - run_start})
       say(f"{block.label}: {spec.metric} {quality:.4f} (target {target}), train loss "
           f"{float(metrics['loss']):.4f}, eval {eval_s:.1f}s, "
           f"{_fmt_time(time.time() - run_start)} since run_start")
-      if ckpt and opts.checkpoint_every and n % opts.checkpoint_every == 0:
-        ckpt.save(state, step)
       if spec.reached(quality, target):
         status = C.SUCCESS
+      if ckpt and opts.checkpoint_every and n % opts.checkpoint_every == 0:
+        ckpt.save(state, step)
+      if status == C.SUCCESS:
         break
   except KeyboardInterrupt:
     error = "interrupted"
@@ -295,6 +310,9 @@ def _maybe_resume(ckpt, program: Program, state, opts: RunOptions, say):
   if restored is None:
     raise UserError(f"--resume: no checkpoint in {opts.output_dir}/checkpoints")
   state, step = restored
+  if int(jax.device_get(state["step"])) != step:
+    raise UserError(f"--resume: the checkpoint {step} in {opts.output_dir}/checkpoints holds "
+                    f"step {int(jax.device_get(state['step']))}; it is not this loop's")
   say(f"resumed from the checkpoint after step {step}")
   return state, step
 

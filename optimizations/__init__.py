@@ -134,9 +134,10 @@ def batch_axes(layout: Layout, mesh_axes) -> tuple[str, ...]:
 
 def plan(text: str, layout: Layout, mesh: MeshSpec) -> Plan:
   """The step plan for `--optimizations=text` on this (resolved) mesh and layout."""
-  chosen = dict(parse(text))
+  parsed = parse(text)
+  chosen = dict(parsed)
   p = Plan(layout=layout, batch_axes=batch_axes(layout, mesh.names),
-           enabled=tuple(n if a is None else f"{n}:{a}" for n, a in parse(text)))
+           enabled=tuple(n if a is None else f"{n}:{a}" for n, a in parsed))
   for name, opt in _registry().items():   # registry order, whatever order the user wrote
     if name in chosen:
       p = opt.apply(p, mesh, chosen[name])

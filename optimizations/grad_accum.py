@@ -45,7 +45,8 @@ def accumulate(k: int):
 
       (total, aux), grads = jax.lax.fori_loop(0, k, body, zeros)
       # Batch-norm running statistics: the mean of the K updates from the same start.
-      aux = aux._replace(model_state=jax.tree.map(lambda x: x / k, aux.model_state))
+      aux = aux._replace(model_state=jax.tree.map(lambda x: (x / k).astype(x.dtype),
+                                                  aux.model_state))
       return (total, aux), grads
     return fn
   return wrap

@@ -18,6 +18,7 @@ from flax import linen as nn
 
 from benchmarks.common.layers import named_init, param_dtype
 from mesh import constrain
+from mesh.errors import UserError
 from mesh.collectives import group_mean
 from mesh.sharding import manual_axes
 
@@ -59,7 +60,8 @@ class BatchNorm(nn.Module):
         replicas = jax.lax.axis_size(manual)
         k = replicas if self.span is None else self.span // b
         if self.span is not None and self.span % b:
-          raise ValueError(f"bn span {self.span} is not a multiple of the per-replica batch {b}")
+          raise UserError(f"--bn_span={self.span} is not a multiple of the {b} examples each "
+                          f"replica sees per forward pass; choose a multiple or a divisor of {b}")
         red = tuple(range(x.ndim - 1))
         xf = x.astype(f)
         mean = group_mean(jnp.mean(xf, red), manual, k)
@@ -69,7 +71,8 @@ class BatchNorm(nn.Module):
       else:
         span = self.span or b
         if b % span:
-          raise ValueError(f"batch {b} is not a multiple of bn span {span}")
+          raise UserError(f"--bn_span={span} does not divide the {b} examples of a forward pass "
+                          f"(per replica, per micro-batch); choose a divisor of {b}")
         g = x.astype(f).reshape((b // span, span) + x.shape[1:])
         axes = tuple(range(1, g.ndim - 1))
         mean = jnp.mean(g, axes, keepdims=True)
