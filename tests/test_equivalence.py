@@ -15,6 +15,7 @@ from tests import helpers
 
 LAYOUTS = [
     ("data:8", "batch:data"),                               # data parallel
+    ("x:4,y:2", "batch:x+y"),                               # one dimension over two axes
     ("data:4,model:2", "batch:data;channels:model"),         # hybrid
     ("model:8", "channels:model"),                          # model parallel only
 ]
