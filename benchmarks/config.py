@@ -20,7 +20,7 @@ class Common:
   num_cpu_devices: int = 8          # >0: simulate this many CPU devices; 0: use real devices
   mesh: str = "data:-1"             # Mesh-TensorFlow mesh spec
   layout: str = "batch:data"        # logical dimension -> mesh axes
-  optimizations: str = "none"       # none, or comma-separated names, e.g. grad_accum:4,distributed_eval
+  optimizations: str = "none"       # none, or a list like grad_accum:4,distributed_eval
   dtype: str = "float32"            # compute dtype: float32, bfloat16 (float64 for exactness tests)
   # Run length and evaluation.
   global_batch_size: int = 64

@@ -52,7 +52,8 @@ _run_flag(flags.DEFINE_string, "submission_entry", "",
           "MLPerf submission_entry (default: meshperf-<benchmark>).")
 _run_flag(flags.DEFINE_integer, "checkpoint_every", 0,
           "Save an orbax checkpoint every N evaluations (0: never).")
-_run_flag(flags.DEFINE_bool, "resume", False, "Continue from the newest checkpoint in --output_dir.")
+_run_flag(flags.DEFINE_bool, "resume", False,
+          "Continue from the newest checkpoint in --output_dir.")
 _run_flag(flags.DEFINE_bool, "overwrite", False, "Replace an existing result_<run_index>.txt.")
 _run_flag(flags.DEFINE_float, "progress_every_s", 5.0, "Seconds between progress lines.")
 _run_flag(flags.DEFINE_string, "coordinator_address", None, "Multi-host: host:port of process "
@@ -183,7 +184,8 @@ def _help(name: str, preset_name: str, cfg, presets, run_flags: list[str]) -> st
            f"presets (--config): {', '.join(presets)}", "",
            f"{name} flags (values of --config={preset_name}):"]
   for f in dataclasses.fields(cfg):
-    lines.append(f"  --{f.name}={_show(getattr(cfg, f.name))}".ljust(40) + "  " + FLAGS[f.name].help)
+    flag = f"  --{f.name}={_show(getattr(cfg, f.name))}"
+    lines.append(flag.ljust(40) + "  " + FLAGS[f.name].help)
   lines += ["", "run flags:"]
   for n in run_flags:
     fl = FLAGS[n]

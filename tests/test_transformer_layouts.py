@@ -61,7 +61,8 @@ def test_layout_matches_single_device(x64, name):
 
 def test_weight_update_sharding_with_adam_is_exact(x64):
   """Packed rows hold different numbers of tokens on each replica: the token-weighted loss
-  must still average to the global one (the loss is a sum with its token weight: benchmarks.task.LossAux)."""
+  must still average to the global one (the loss is a sum with its token weight,
+  benchmarks.task.LossAux)."""
   cfg, task, batches, base_losses, base_params = x64["none"]
   counts = [int((b["targets_segment"].reshape(8, -1) > 0).sum(1).std()) for b in batches]
   assert max(counts) > 0                                     # replicas' token counts differ

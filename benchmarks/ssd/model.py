@@ -6,9 +6,9 @@ with stride 2; 3 and 1 unpadded). Each map gets 3x3 heads for box offsets and cl
 Activations are (batch, height, width, channels), so `spatial_partitioning` splits the height
 of every map; maps of any size work (XLA pads shards that do not divide).
 
-The backbone's modules carry the names of `benchmarks.resnet.model.ResNet`'s (both built from `benchmarks.common.convnet`) ("stem",
-"BatchNorm_0", "Block_<k>"), so ResNet weights (this harness's ResNet runs or torchvision's,
-converted) load into it unchanged.
+The backbone's modules carry the names of `benchmarks.resnet.model.ResNet`'s ("stem",
+"BatchNorm_0", "Block_<k>"; both are built from `benchmarks.common.convnet`), so ResNet weights
+(this harness's ResNet runs or torchvision's, converted) load into it unchanged.
 """
 
 from __future__ import annotations
