@@ -18,8 +18,8 @@ from flax import linen as nn
 
 from benchmarks.common.layers import named_init, param_dtype
 from mesh import constrain
-from mesh.errors import UserError
 from mesh.collectives import group_mean
+from mesh.errors import UserError
 from mesh.sharding import manual_axes
 
 ACT = ("batch", "height", "width", "channels")

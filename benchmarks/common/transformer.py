@@ -11,6 +11,7 @@ layout such as `batch:data`, `heads:model;d_ff:model;vocab:model` or, with `embe
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -145,3 +146,29 @@ def xent(logits, targets, real_vocab: int, smoothing: float = 0.0):
   soft = jax.nn.one_hot(targets, vocab, dtype=logits.dtype) * (1.0 - smoothing - low)
   soft = soft + jnp.where(jnp.arange(vocab) < real_vocab, low, 0.0)
   return -jnp.sum(soft * jnp.where(jnp.arange(vocab) < real_vocab, logp, 0.0), -1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Dims:
+  """What every layer needs to know of the model."""
+  num_heads: int
+  d_kv: int
+  d_ff: int
+  dropout: float
+  attention_dropout: float
+  dtype: Any
+
+
+class SelfAttentionBlock(nn.Module):
+  """Pre-layer-norm x + attention(norm(x)), then x + feed_forward(norm(x)): the Transformer's
+  encoder layer, and the language model's decoder block (with a causal `bias`)."""
+  cfg: Dims
+
+  @nn.compact
+  def __call__(self, x, bias, train: bool):
+    c = self.cfg
+    drop = lambda t: nn.Dropout(c.dropout)(t, deterministic=not train)
+    y = LayerNorm(c.dtype)(x)
+    x = x + drop(Attention(c.num_heads, c.d_kv, c.attention_dropout, c.dtype)(y, y, bias, train))
+    y = LayerNorm(c.dtype)(x)
+    return x + drop(FeedForward(c.d_ff, c.dropout, c.dtype)(y, train))

@@ -27,9 +27,9 @@ from benchmarks.common.layers import named_init, param_dtype
 from benchmarks.common.transformer import (
   EMB,
   NEG,
-  Attention,
-  FeedForward,
+  Dims,
   LayerNorm,
+  SelfAttentionBlock,
   attention_bias,
   shift_right,
   sinusoid,
@@ -37,26 +37,6 @@ from benchmarks.common.transformer import (
 from mesh import constrain
 
 LOGITS = ("batch", "length", "vocab")
-
-
-class Block(nn.Module):
-  """x + attention(norm(x)), then x + feed_forward(norm(x))."""
-  num_heads: int
-  d_kv: int
-  d_ff: int
-  dropout: float
-  attention_dropout: float
-  dtype: Any
-
-  @nn.compact
-  def __call__(self, x, bias, train: bool):
-    def drop(t):
-      return nn.Dropout(self.dropout)(t, deterministic=not train)
-    y = LayerNorm(self.dtype)(x)
-    x = x + drop(Attention(self.num_heads, self.d_kv, self.attention_dropout, self.dtype)(
-        y, y, bias, train))
-    y = LayerNorm(self.dtype)(x)
-    return x + drop(FeedForward(self.d_ff, self.dropout, self.dtype)(y, train))
 
 
 class LanguageModel(nn.Module):
@@ -89,9 +69,10 @@ class LanguageModel(nn.Module):
     x = nn.Dropout(self.dropout)(x.astype(self.dtype), deterministic=not train)
     x = constrain(x, EMB)
     bias = attention_bias(segment, segment, causal=True)
+    dims = Dims(self.num_heads, self.d_kv, self.d_ff, self.dropout, self.attention_dropout,
+                self.dtype)
     for i in range(self.num_layers):
-      x = Block(self.num_heads, self.d_kv, self.d_ff, self.dropout, self.attention_dropout,
-                self.dtype, name=f"layer_{i}")(x, bias, train)
+      x = SelfAttentionBlock(dims, name=f"layer_{i}")(x, bias, train)
     x = LayerNorm(self.dtype, name="final_norm")(x)
     if self.shared_embedding:
       w = embedding.T

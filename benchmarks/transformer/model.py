@@ -14,7 +14,6 @@ with cached keys and values (self-attention) and cached encoder projections (cro
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import jax.numpy as jnp
@@ -25,37 +24,15 @@ from benchmarks.common.transformer import (
   EMB,
   NEG,
   Attention,
+  Dims,
   FeedForward,
   LayerNorm,
+  SelfAttentionBlock,
   attention_bias,
   shift_right,
   sinusoid,
 )
 from mesh import constrain
-
-
-@dataclasses.dataclass(frozen=True)
-class Dims:
-  """What every layer needs to know of the model."""
-  num_heads: int
-  d_kv: int
-  d_ff: int
-  dropout: float
-  attention_dropout: float
-  dtype: Any
-
-
-class EncoderLayer(nn.Module):
-  cfg: Dims
-
-  @nn.compact
-  def __call__(self, x, bias, train: bool):
-    c = self.cfg
-    drop = lambda t: nn.Dropout(c.dropout)(t, deterministic=not train)
-    y = LayerNorm(c.dtype)(x)
-    x = x + drop(Attention(c.num_heads, c.d_kv, c.attention_dropout, c.dtype)(y, y, bias, train))
-    y = LayerNorm(c.dtype)(x)
-    return x + drop(FeedForward(c.d_ff, c.dropout, c.dtype)(y, train))
 
 
 class DecoderLayer(nn.Module):
@@ -94,7 +71,7 @@ class Transformer(nn.Module):
         (self.vocab, self.d_model), param_dtype(self.dtype))
     dims = Dims(self.num_heads, self.d_kv, self.d_ff, self.dropout, self.attention_dropout,
                 self.dtype)
-    self.encoder = [EncoderLayer(dims, name=f"encoder_{i}") for i in range(self.num_layers)]
+    self.encoder = [SelfAttentionBlock(dims, name=f"encoder_{i}") for i in range(self.num_layers)]
     self.encoder_norm = LayerNorm(self.dtype)
     self.decoder = [DecoderLayer(dims, name=f"decoder_{i}") for i in range(self.num_layers)]
     self.decoder_norm = LayerNorm(self.dtype)
