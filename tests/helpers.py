@@ -77,3 +77,12 @@ def sharded_run(task, shd: Sharder, seed: int, batches, plan=None):
 
 def resnet_task(cfg, replicas=8):
   return suite.build(cfg, replicas=replicas)
+
+
+def assert_same_run(losses, params, base_losses, base_params, loss_rtol=1e-12, rtol=1e-9,
+                    atol=1e-11):
+  """A sharded run's losses and every parameter equal a baseline run's (float64 tolerances of
+  the Transformer-family layout tests)."""
+  np.testing.assert_allclose(losses, base_losses, rtol=loss_rtol)
+  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(base_params)):
+    np.testing.assert_allclose(a, b, rtol=rtol, atol=atol)

@@ -9,7 +9,6 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 from flax import linen as nn
 from jax.sharding import AbstractMesh
@@ -47,9 +46,7 @@ def x64(tmp_path_factory):
 
 def _compare(losses, params, base_losses, base_params):
   assert losses[0] > 4.0 and losses[-1] < losses[0]       # untrained, then learning
-  np.testing.assert_allclose(losses, base_losses, rtol=1e-12)
-  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(base_params)):
-    np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-11)
+  helpers.assert_same_run(losses, params, base_losses, base_params)
 
 
 @pytest.mark.parametrize("name", ["data", "model", "2d"])

@@ -6,7 +6,6 @@ import dataclasses
 import itertools
 
 import jax
-import numpy as np
 import pytest
 
 from benchmarks.transformer import suite
@@ -39,9 +38,7 @@ def x64(tmp_path_factory):
 
 def _compare(losses, params, base_losses, base_params):
   assert losses[0] > 3.0 and losses[-1] < losses[0]       # untrained, then learning
-  np.testing.assert_allclose(losses, base_losses, rtol=1e-12)
-  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(base_params)):
-    np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-11)
+  helpers.assert_same_run(losses, params, base_losses, base_params)
 
 
 @pytest.mark.parametrize("name", ["data", "model", "hybrid"])
