@@ -1,0 +1,163 @@
+"""Published figures of the Cloud TPU generations, per chip and per JAX device.
+
+A TPU slice is a grid of chips joined by the inter-chip interconnect (ICI): each chip has a link
+to its nearest neighbour in each direction of each grid dimension (a 2-D grid on v2/v3/v5e, a
+3-D grid on v4/v5p), and along some dimensions the last chip links back to the first (a torus).
+A chip holds one or two TensorCores. JAX shows one device per TensorCore, except on v5p (and
+on v4 with `chip_config_name="megacore"`), where one device is a whole chip ("megacore").
+
+Each figure below cites where it comes from. ICI figures are given per link and per direction:
+the Cloud docs give either a bidirectional per-chip total or a pod's bisection bandwidth, and the
+per-link figure is derived from them (the derivation is in the comment). Where no public figure
+exists the comment says what is assumed. The `S_*` constants below are the sources, cited by
+each `Generation.sources`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+GiB = 1 << 30
+
+S_V2 = "https://cloud.google.com/tpu/docs/v2 (Cloud TPU v2 system architecture)"
+S_V3 = "https://cloud.google.com/tpu/docs/v3 (Cloud TPU v3 system architecture)"
+S_V4 = "https://cloud.google.com/tpu/docs/v4 (Cloud TPU v4 system architecture)"
+S_V5E = "https://cloud.google.com/tpu/docs/v5e (Cloud TPU v5e system architecture)"
+S_V5P = "https://cloud.google.com/tpu/docs/v5p (Cloud TPU v5p system architecture)"
+S_JOUPPI20 = ("Jouppi et al., A Domain-Specific Supercomputer for Training Deep Neural Networks, "
+              "CACM 63(7), 2020 (TPUv2/v3: 2-D torus, 4 ICI links per chip)")
+S_V4PAPER = ("Jouppi et al., TPU v4: An Optically Reconfigurable Supercomputer for Machine "
+             "Learning with Hardware Support for Embeddings, ISCA 2023, arXiv:2304.01433")
+S_KUMAR19 = ("Kumar et al., Scale MLPerf-0.6 models on Google TPU-v3 Pods, arXiv:1909.09756 "
+             "(2-D gradient summation on the v3 pod torus)")
+S_SCALING = ("Austin et al., How to Scale Your Model, ch. 2 'How to think about TPUs', "
+             "https://jax-ml.github.io/scaling-book/tpus/ (per-link one-way ICI bandwidths)")
+S_ASSUMED = "assumption of this module (no public figure): see the comment at the figure"
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+  """One TPU generation: per-chip figures and the shape of its interconnect."""
+  name: str                        # as in topology names: "v3" for "v3:4x4"
+  device_kind: str                 # jax Device.device_kind
+  cores_per_chip: int              # TensorCores per chip
+  megacore_default: bool           # the default JAX device is a whole chip
+  hbm_bytes_per_chip: int
+  peak_flops_per_chip: float       # bf16 FLOP/s
+  hbm_bytes_per_s_per_chip: float
+  ici_link_bytes_per_s: float      # one direction of one link
+  ici_links_per_chip: int          # = 2 * torus_dims (one per direction of each dimension)
+  torus_dims: int                  # 2 or 3
+  ici_latency_s: float             # per hop / per step of a ring collective (assumed)
+  pod_chips: tuple[int, ...]       # the full pod's chip grid
+  sources: tuple[str, ...]
+
+
+# ICI latency: no generation's per-hop latency is published. 1 us per collective step is
+# assumed for all (the order the scaling book quotes for one ICI hop plus launch); it only
+# matters for small messages.
+_LATENCY = 1e-6
+
+GENERATIONS: dict[str, Generation] = {
+    "v2": Generation(
+        name="v2", device_kind="TPU v2", cores_per_chip=2, megacore_default=False,
+        hbm_bytes_per_chip=16 * GiB,            # 8 GiB per core x 2 cores (Cloud v2 docs)
+        peak_flops_per_chip=45e12,              # 45 TFLOPS bf16 per chip (Cloud v2 docs)
+        hbm_bytes_per_s_per_chip=600e9,         # 600 GBps (Cloud v2 docs; Jouppi 2020 says 700)
+        # No per-link figure found for v2: assumed v3's 100 GB/s scaled by the per-link
+        # rates Jouppi et al. 2020 give (496 vs 656 Gbit/s): 100e9 * 496 / 656 = 75.6 GB/s.
+        ici_link_bytes_per_s=100e9 * 496 / 656,
+        ici_links_per_chip=4, torus_dims=2, ici_latency_s=_LATENCY,
+        pod_chips=(16, 16),                     # 256-chip pod, 2-D torus (Cloud v2 docs)
+        sources=(S_V2, S_JOUPPI20, S_ASSUMED)),
+    "v3": Generation(
+        name="v3", device_kind="TPU v3", cores_per_chip=2, megacore_default=False,
+        hbm_bytes_per_chip=32 * GiB,            # 32 GiB per chip = 16 GiB per core (Cloud v3)
+        peak_flops_per_chip=123e12,             # 123 TFLOPS bf16 (Cloud v3 docs)
+        hbm_bytes_per_s_per_chip=900e9,         # 900 GBps (Cloud v3 docs)
+        # Cloud v3 docs: bisection bandwidth of the 1024-chip (32x32 torus) pod is 6.4 TB/s.
+        # Cutting a 32x32 torus in half cuts 32 rows x 2 (wraparound) = 64 links:
+        # 6.4e12 / 64 = 100 GB/s per link per direction (the scaling book lists 1e11 one-way).
+        ici_link_bytes_per_s=100e9,
+        ici_links_per_chip=4, torus_dims=2, ici_latency_s=_LATENCY,
+        pod_chips=(32, 32),                     # 1024 chips, 2-D torus (Cloud v3 docs)
+        sources=(S_V3, S_JOUPPI20, S_KUMAR19, S_SCALING, S_ASSUMED)),
+    "v4": Generation(
+        name="v4", device_kind="TPU v4", cores_per_chip=2, megacore_default=False,
+        hbm_bytes_per_chip=32 * GiB,            # 32 GiB (Cloud v4 docs)
+        peak_flops_per_chip=275e12,             # 275 TFLOPS bf16 (Cloud v4 docs)
+        hbm_bytes_per_s_per_chip=1200e9,        # 1200 GBps (Cloud v4 docs)
+        # Cloud v4 docs: bisection bandwidth per 4096-chip pod is 24 TB/s. A 16x16x16 torus cut
+        # in half cuts 16*16 x 2 (wraparound) = 512 links: 24e12 / 512 = 46.9 GB/s per link per
+        # direction (the scaling book lists 4.5e10 one-way for v4p).
+        ici_link_bytes_per_s=24e12 / 512,
+        ici_links_per_chip=6, torus_dims=3, ici_latency_s=_LATENCY,
+        pod_chips=(16, 16, 16),                 # 4096 chips, 3-D (Cloud v4 docs; v4 paper)
+        sources=(S_V4, S_V4PAPER, S_SCALING, S_ASSUMED)),
+    "v5e": Generation(
+        name="v5e", device_kind="TPU v5 lite", cores_per_chip=1, megacore_default=False,
+        hbm_bytes_per_chip=16 * GiB,            # 16 GB (Cloud v5e docs)
+        peak_flops_per_chip=197e12,             # 197 TFLOPs bf16 (Cloud v5e docs)
+        hbm_bytes_per_s_per_chip=819e9,         # 819 GBps (Cloud v5e docs)
+        # Cloud v5e docs: 400 GBps bidirectional ICI per chip over 4 ICI ports:
+        # 400e9 / 4 / 2 = 50 GB/s per link per direction. Cross-check: the 16x16 torus pod's
+        # bisection, 16 x 2 = 32 links x 50 GB/s = 1.6 TB/s, is what the docs list.
+        ici_link_bytes_per_s=50e9,
+        ici_links_per_chip=4, torus_dims=2, ici_latency_s=_LATENCY,
+        pod_chips=(16, 16),                     # 256 chips, 2-D torus (Cloud v5e docs)
+        sources=(S_V5E, S_SCALING, S_ASSUMED)),
+    "v5p": Generation(
+        name="v5p", device_kind="TPU v5", cores_per_chip=2, megacore_default=True,
+        hbm_bytes_per_chip=95 * GiB,            # 95 GiB (Cloud v5p docs)
+        peak_flops_per_chip=459e12,             # 459 TFLOPs bf16 (Cloud v5p docs)
+        hbm_bytes_per_s_per_chip=2765e9,        # 2765 GBps (Cloud v5p docs)
+        # Cloud v5p docs: 1200 GBps bidirectional ICI per chip (older page: 4800 Gbps = 600 GB/s
+        # one way) over 6 links: 1200e9 / 6 / 2 = 100 GB/s per link per direction.
+        ici_link_bytes_per_s=100e9,
+        ici_links_per_chip=6, torus_dims=3, ici_latency_s=_LATENCY,
+        pod_chips=(16, 20, 28),                 # 8960 chips, 3-D torus (Cloud v5p docs)
+        sources=(S_V5P, S_V4PAPER, S_SCALING, S_ASSUMED)),
+}
+
+
+def generation(name_or_kind: str) -> Generation:
+  """The Generation of a name ("v3"), a topology name ("v3:4x4") or a device_kind."""
+  key = name_or_kind.split(":")[0]
+  if key in GENERATIONS:
+    return GENERATIONS[key]
+  for g in GENERATIONS.values():
+    if g.device_kind == name_or_kind:
+      return g
+  raise KeyError(f"unknown TPU generation {name_or_kind!r}; known: {sorted(GENERATIONS)}")
+
+
+def per_device(gen: Generation, megacore: bool) -> dict[str, float]:
+  """HBM bytes, peak bf16 FLOP/s and HBM bytes/s of ONE jax device.
+
+  A device is one TensorCore (a chip's figures divided by `cores_per_chip`), or, when
+  `megacore` (v5p by default, v4 with `chip_config_name="megacore"`), the whole chip. HBM is
+  split evenly between a chip's cores (v2/v3 docs give 8/16 GiB per core).
+  """
+  n = 1 if megacore else gen.cores_per_chip
+  return {
+      "hbm_bytes": gen.hbm_bytes_per_chip // n,
+      "peak_flops": gen.peak_flops_per_chip / n,
+      "hbm_bytes_per_s": gen.hbm_bytes_per_s_per_chip / n,
+  }
+
+
+def wraparound(gen: Generation, chips: tuple[int, ...]) -> tuple[bool, ...]:
+  """Whether each dimension of a slice's chip grid `chips` has wraparound links.
+
+  v2/v3/v5e: the pod is a 2-D torus (Cloud docs; Kumar et al. 2019 use the v3 pod's
+  wraparound links); a slice has them only along a dimension that spans the whole pod
+  (assumed: a smaller slice is cut out of the pod's torus, so its edges link to chips outside
+  it). v4/v5p: the optical circuit switches close every 4-chip cube face, so a dimension that is
+  a multiple of 4 wraps (Cloud v4 docs: "3D torus on slices where ... each dimension is a
+  multiple of 4"; v4 paper section 2); slices smaller than a cube are meshes.
+  """
+  chips = tuple(chips) + (1,) * (gen.torus_dims - len(chips))
+  if gen.torus_dims == 3:
+    return tuple(n > 1 and n % 4 == 0 for n in chips)
+  pod = gen.pod_chips + (1,) * (len(chips) - len(gen.pod_chips))
+  return tuple(n > 1 and n == p for n, p in zip(chips, pod))
