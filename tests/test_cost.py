@@ -1,8 +1,14 @@
 """Collective counting from compiled HLO, on programs whose collectives are known."""
 
+import json
+import os
+import re
+
 import jax
 import jax.numpy as jnp
-from jax.sharding import AxisType, NamedSharding
+import numpy as np
+import pytest
+from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from mesh import cost
@@ -69,3 +75,179 @@ def test_async_and_tuple_forms():
   groups = {c.kind: c.replica_groups for c in cost.collectives(ASYNC_HLO)}
   assert groups["all-gather"].startswith("[1,4]<=[4]")
   assert groups["collective-permute"] == "{{0,1},{1,0}}"
+
+
+# Replica groups: every printed form, parsed to logical device ids (positions in the mesh).
+
+def _lines(*attrs):
+  """One all-reduce line per `replica_groups=` value, in a module of 8 partitions."""
+  head = "HloModule m, is_scheduled=true, num_partitions=8\n"
+  return head + "\n".join(
+      f"  %a{i} = f32[16]{{0}} all-reduce(f32[16]{{0}} %p), channel_id={i}, replica_groups={a}, "
+      f"use_global_device_ids=true, to_apply=%add" for i, a in enumerate(attrs))
+
+
+LITERAL = [  # (printed form, groups)
+    ("{{0,2,4,6},{1,3,5,7}}", ((0, 2, 4, 6), (1, 3, 5, 7))),
+    ("{}", ((0, 1, 2, 3, 4, 5, 6, 7),)),
+    ("[2,4]<=[8]", ((0, 1, 2, 3), (4, 5, 6, 7))),
+    ("[4,2]<=[2,4]T(1,0)", ((0, 4), (1, 5), (2, 6), (3, 7))),
+    ("[2,4]<=[2,2,2]T(1,0,2)", ((0, 1, 4, 5), (2, 3, 6, 7))),
+    ("mesh['axis_0'=2,'axis_1'=1,'axis_2'=4] {'axis_0'}", ((0, 4), (1, 5), (2, 6), (3, 7))),
+    ("mesh['axis_0'=8,'axis_1'=1] {'axis_0','axis_1'}", ((0, 1, 2, 3, 4, 5, 6, 7),)),
+    ("mesh['axis_0'=2,'axis_1'=1,'axis_2'=4], device_ids=([2,2,2]T(1,0,2)) {'axis_0'}",
+     ((0, 2), (1, 3), (4, 6), (5, 7))),
+    ("mesh['axis_0'=4,'axis_1'=1,'axis_2'=2], device_ids=([2,2,2]T(0,2,1)) {'axis_0'}",
+     ((0, 1, 4, 5), (2, 3, 6, 7))),
+    ("mesh['a'=2,'b'=4] {'a','b'}", ((0, 1, 2, 3, 4, 5, 6, 7),)),
+    ("mesh['a'=2,'b'=4] {'b','a'}", ((0, 4, 1, 5, 2, 6, 3, 7),)),    # in the order named
+    # Sub-axes (Shardy notation): 'a':(p)s is the middle factor of a reshaped to [p, s, rest].
+    ("mesh['a'=8] {'a':(1)2}", ((0, 4), (1, 5), (2, 6), (3, 7))),
+    ("mesh['a'=8] {'a':(2)2}", ((0, 2), (1, 3), (4, 6), (5, 7))),
+    ("mesh['a'=8] {'a':(1)2,'a':(4)2}", ((0, 1, 4, 5), (2, 3, 6, 7))),
+    ("mesh['a'=2,'b'=4], device_ids=(7,6,5,4,3,2,1,0) {'a'}", ((7, 3), (6, 2), (5, 1), (4, 0))),
+    ("maximal_mesh[device_id=3]", ((3,),)),
+]
+
+
+def test_every_printed_form_parses_on_literal_lines():
+  colls = cost.collectives(_lines(*(text for text, _ in LITERAL)))
+  assert [c.groups for c in colls] == [groups for _, groups in LITERAL]
+  assert [c.replica_groups for c in colls] == [text for text, _ in LITERAL]
+  assert [c.group_size for c in colls] == [len(g[0]) for _, g in LITERAL]
+  assert [c.all_devices for c in colls] == [text == "{}" for text, _ in LITERAL]
+  pairs = cost.collectives(ASYNC_HLO)[2]
+  assert pairs.kind == "collective-permute" and pairs.groups == ((0, 1), (1, 0))
+  assert pairs.group_size == 2
+
+
+def test_summary_by_group_and_ops():
+  colls = cost.collectives(ASYNC_HLO + _lines("{{0,1},{2,3}}", "[2,4]<=[8]"))
+  rows = cost.summary_by_group(colls)
+  assert rows[:3] == [
+      {"kind": "all-reduce", "group_size": 2, "count": 1, "bytes": 64},
+      {"kind": "all-reduce", "group_size": 4, "count": 2, "bytes": 1024 * 4 + 16 * 16 * 2 + 64},
+      {"kind": "reduce-scatter", "group_size": 4, "count": 1, "bytes": 1024}]
+  op_list, sets = cost.ops(colls)
+  assert len(op_list) == len(colls) == 7
+  first = op_list[0]
+  assert first == {"kind": "all-reduce", "bytes": 1024 * 4 + 16 * 16 * 2, "dtype": "bf16,f32",
+                   "group_size": 4, "num_groups": 1, "all_devices": False, "group_set": 0}
+  assert sets[first["group_set"]] == [[0, 1, 2, 3]]
+  assert sets[op_list[-1]["group_set"]] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+  json.dumps({"ops": op_list, "sets": sets})
+
+
+def test_analyze_reports_cost_fields_and_ops():
+  a = cost.analyze(_compiled())
+  assert a["bytes_accessed"] > 0
+  assert "optimal_seconds" in a                   # None on CPU, XLA's estimate on TPU
+  assert a["num_devices"] == 8
+  assert len(a["ops"]) == 5
+  by_kind = {o["kind"]: o for o in a["ops"]}
+  assert by_kind["all-reduce"]["group_size"] == 4 and by_kind["all-reduce"]["num_groups"] == 2
+  assert a["group_sets"][by_kind["all-gather"]["group_set"]] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+  assert {(r["kind"], r["group_size"]) for r in a["collectives_by_group"]} == {
+      ("all-reduce", 4), ("all-gather", 2), ("reduce-scatter", 4), ("collective-permute", 2),
+      ("all-to-all", 2)}
+  json.dumps(a)
+
+
+# The same forms on programs compiled by the TPU compiler for a small slice (compile only).
+
+def _tpu_devices(name):
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")    # other processes may hold libtpu
+  os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+  try:
+    from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
+    return list(topologies.get_topology_desc(topology_name=name, platform="tpu").devices)
+  except Exception as e:  # pylint: disable=broad-except
+    pytest.skip(f"jax.experimental.topologies gives no TPU devices for {name} here "
+                f"(libtpu missing or busy): {str(e)[:200]}")
+
+
+def _mesh(devs, shape):
+  names = tuple(f"a{i}" for i in range(len(shape)))
+  return Mesh(np.array(devs).reshape(shape), names, axis_types=(AxisType.Auto,) * len(shape))
+
+
+def _expected(shape, axes):
+  """Groups of positions in a mesh of `shape` that differ only along mesh axes `axes`."""
+  pos = np.arange(int(np.prod(shape))).reshape(shape)
+  rest = [i for i in range(len(shape)) if i not in axes]
+  flat = pos.transpose(rest + list(axes)).reshape(-1, int(np.prod([shape[i] for i in axes])))
+  return {tuple(sorted(int(x) for x in g)) for g in flat}
+
+
+def _as_sets(groups):
+  return {tuple(sorted(g)) for g in groups}
+
+
+def _tpu_collectives(fn, *args, **kw):
+  return cost.collectives(jax.jit(fn, **kw).lower(*args).compile().as_text())
+
+
+def _grad_step(ws, x):
+  def loss(ws, x):
+    for w in ws:
+      x = jnp.tanh(x @ w)
+    return (x ** 2).mean()
+  g = jax.grad(loss)(ws, x)
+  return [w - 0.1 * gw for w, gw in zip(ws, g)]
+
+
+def test_tpu_explicit_groups_are_mesh_positions():
+  # v3:4x4 lists its 32 devices with ids that are not in mesh order (0,1,2,3,8,9,...): the
+  # printed groups are positions in mesh.devices.flat, not device ids.
+  devs = _tpu_devices("v3:4x4")
+  mesh = _mesh(devs, (4, 8))
+  assert [d.id for d in mesh.devices.flat][:8] != list(range(8))
+  spec = P("a0", "a1")
+  x = jax.ShapeDtypeStruct((64, 128), jnp.float32, sharding=NamedSharding(mesh, spec))
+  f = jax.shard_map(lambda a: jax.lax.psum(a, "a1"), mesh=mesh, in_specs=spec, out_specs=spec)
+  (c,) = _tpu_collectives(f, x)
+  assert c.replica_groups.startswith("{{0,1,2,3,4,5,6,7},{8,")
+  assert _as_sets(c.groups) == _expected((4, 8), [1]) and c.group_size == 8
+
+
+def test_tpu_iota_forms():
+  devs = _tpu_devices("v3:2x2")
+  mesh = _mesh(devs, (4, 2))               # data a0, model a1; weights split along model
+  ws = [jax.ShapeDtypeStruct((256, 256), jnp.bfloat16, sharding=NamedSharding(mesh, P(None, "a1")))
+        for _ in range(2)]
+  x = jax.ShapeDtypeStruct((256, 256), jnp.bfloat16, sharding=NamedSharding(mesh, P("a0", None)))
+  colls = _tpu_collectives(_grad_step, ws, x, out_shardings=[w.sharding for w in ws])
+  plain = [c for c in colls if re.fullmatch(r"\[\d+,\d+\]<=\[\d+\]", c.replica_groups)]
+  assert plain, [c.replica_groups for c in colls]
+  assert all(_as_sets(c.groups) == _expected((4, 2), [1]) for c in plain)
+  # Weights split over two of three axes: iota groups with a transpose.
+  mesh = _mesh(devs, (2, 2, 2))
+  ws = [jax.ShapeDtypeStruct((512, 512), jnp.bfloat16,
+                             sharding=NamedSharding(mesh, P(None, ("a0", "a2")))) for _ in range(2)]
+  x = jax.ShapeDtypeStruct((512, 512), jnp.bfloat16, sharding=NamedSharding(mesh, P("a1", None)))
+  colls = _tpu_collectives(_grad_step, ws, x, out_shardings=[w.sharding for w in ws])
+  t = [c for c in colls if "T(" in c.replica_groups and "mesh" not in c.replica_groups]
+  assert t, [c.replica_groups for c in colls]
+  assert all(_as_sets(c.groups) == _expected((2, 2, 2), [0, 2]) for c in t)
+
+
+@pytest.mark.parametrize("axes", [(0,), (1,), (2,), (0, 2), (1, 2), (0, 1, 2)])
+def test_tpu_mesh_form(axes):
+  devs = _tpu_devices("v3:2x2")
+  shape = (2, 2, 2)
+  mesh = _mesh(devs, shape)
+  spec = P(tuple(f"a{i}" for i in axes))
+  a = jax.ShapeDtypeStruct((128, 128), jnp.float32, sharding=NamedSharding(mesh, spec))
+  (c,) = _tpu_collectives(lambda a: a.sum(0), a)
+  assert c.replica_groups.startswith("mesh[")
+  assert _as_sets(c.groups) == _expected(shape, list(axes))
+  assert c.group_size == int(np.prod([shape[i] for i in axes]))
+
+
+def test_tpu_collective_permute_pairs():
+  devs = _tpu_devices("v3:2x2")
+  mesh = _mesh(devs, (8,))
+  y = jax.ShapeDtypeStruct((64, 128), jnp.float32, sharding=NamedSharding(mesh, P("a0")))
+  perms = [c for c in _tpu_collectives(lambda y: jnp.roll(y, 1, axis=0), y)
+           if c.kind == "collective-permute"]
+  assert perms and set(perms[0].groups) == {(i, (i + 1) % 8) for i in range(8)}
