@@ -108,9 +108,9 @@ GENERATIONS: dict[str, Generation] = {
         sources=(S_V5E, S_SCALING, S_ASSUMED)),
     "v5p": Generation(
         name="v5p", device_kind="TPU v5", cores_per_chip=2, megacore_default=True,
-        hbm_bytes_per_chip=95 * GiB,            # 95 GiB (Cloud v5p docs)
+        hbm_bytes_per_chip=95 * GiB,            # 95 GiB usable of 96 (Cloud v5p docs)
         peak_flops_per_chip=459e12,             # 459 TFLOPs bf16 (Cloud v5p docs)
-        hbm_bytes_per_s_per_chip=2765e9,        # 2765 GBps (Cloud v5p docs)
+        hbm_bytes_per_s_per_chip=2765e9,        # 2765 GBps = 2575 GiBps (Cloud v5p docs)
         # Cloud v5p docs: 1200 GBps bidirectional ICI per chip (older page: 4800 Gbps = 600 GB/s
         # one way) over 6 links: 1200e9 / 6 / 2 = 100 GB/s per link per direction.
         ici_link_bytes_per_s=100e9,
@@ -152,12 +152,16 @@ def wraparound(gen: Generation, chips: tuple[int, ...]) -> tuple[bool, ...]:
   v2/v3/v5e: the pod is a 2-D torus (Cloud docs; Kumar et al. 2019 use the v3 pod's
   wraparound links); a slice has them only along a dimension that spans the whole pod
   (assumed: a smaller slice is cut out of the pod's torus, so its edges link to chips outside
-  it). v4/v5p: the optical circuit switches close every 4-chip cube face, so a dimension that is
-  a multiple of 4 wraps (Cloud v4 docs: "3D torus on slices where ... each dimension is a
-  multiple of 4"; v4 paper section 2); slices smaller than a cube are meshes.
+  it). v4/v5p: the optical circuit switches close the faces of 4x4x4-chip cubes, so a slice
+  made of whole cubes (every dimension a multiple of 4) is a 3-D torus in every dimension
+  (Cloud v4 docs: "3D torus on slices where ... each dimension is a multiple of 4"; Cloud v5p
+  docs: "All 4x4x4 and larger slices (one cube) have full 3D torus"; v4 paper section 2);
+  a slice smaller than a cube (2x2x1, 2x2x4, 2x4x4) is assumed a mesh, since no document
+  gives it wraparound links.
   """
   chips = tuple(chips) + (1,) * (gen.torus_dims - len(chips))
   if gen.torus_dims == 3:
-    return tuple(n > 1 and n % 4 == 0 for n in chips)
+    cubes = all(n % 4 == 0 for n in chips)
+    return tuple(cubes and n > 1 for n in chips)
   pod = gen.pod_chips + (1,) * (len(chips) - len(gen.pod_chips))
   return tuple(n > 1 and n == p for n, p in zip(chips, pod))

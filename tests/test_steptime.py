@@ -1,0 +1,173 @@
+"""The step-time model on hand-computed cases, and on one program compiled for a TPU slice."""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from mesh import cost, hardware, steptime
+
+V3 = hardware.GENERATIONS["v3"]
+LINK, ALPHA = V3.ici_link_bytes_per_s, V3.ici_latency_s
+B = 64 * 2**20        # bytes: large enough that bandwidth dominates
+
+
+def _grid(nx, ny=1, cores=1):
+  """(x, y, z, core) of devices numbered x-major within a row, cores innermost."""
+  return [(x, y, 0, c) for y in range(ny) for x in range(nx) for c in range(cores)]
+
+
+def _op(kind, nbytes, group_size, num_groups=1):
+  return {"kind": kind, "bytes": nbytes, "group_size": group_size, "num_groups": num_groups}
+
+
+def _price(kind, nbytes, groups, coords, chips, wrap):
+  return steptime.price(_op(kind, nbytes, len(groups[0]), len(groups)), groups, V3, coords,
+                        chips, wrap)["seconds"]
+
+
+def test_ring_all_reduce_is_the_formula():
+  # 4 chips in a line (a v3 slice smaller than the pod: no wraparound): one ring on one link.
+  n = 4
+  t = _price("all-reduce", B, [list(range(n))], _grid(n), (n, 1), (False, False))
+  assert t == pytest.approx(2 * (n - 1) / n * B / LINK + 2 * (n - 1) * ALPHA)
+
+
+def test_reduce_scatter_and_all_gather_use_the_full_size():
+  n = 8
+  full = (n - 1) / n * B / LINK + (n - 1) * ALPHA
+  # reduce-scatter's result is the shard: B / n; all-gather's result is the gathered B.
+  assert _price("reduce-scatter", B // n, [list(range(n))], _grid(n), (n, 1),
+                (False, False)) == pytest.approx(full)
+  assert _price("all-gather", B, [list(range(n))], _grid(n), (n, 1),
+                (False, False)) == pytest.approx(full)
+
+
+def test_wraparound_halves_the_ring_time():
+  n = 32   # a full v3 pod row: hardware.wraparound gives (True, True) for (32, 32)
+  assert hardware.wraparound(V3, (32, 32)) == (True, True)
+  coords = _grid(n)
+  line = _price("all-reduce", B, [list(range(n))], coords, (n, 1), (False, False))
+  torus = _price("all-reduce", B, [list(range(n))], coords, (n, 1), (True, False))
+  latency = 2 * (n - 1) * ALPHA
+  assert torus - latency == pytest.approx((line - latency) / 2)
+
+
+def test_two_dim_group_is_cheaper_than_a_ring_of_the_same_size():
+  ring = _price("all-reduce", B, [list(range(16))], _grid(16), (16, 1), (False, False))
+  square = _price("all-reduce", B, [list(range(16))], _grid(4, 4), (4, 4), (False, False))
+  # Same bandwidth term (2 (N-1)/N B / link either way); 2 (3 + 3) steps instead of 2 x 15.
+  assert square < ring
+  assert ring - square == pytest.approx(2 * (15 - 6) * ALPHA)
+  got = steptime.price(_op("all-reduce", B, 16), [list(range(16))], V3, _grid(4, 4), (4, 4),
+                       (False, False))
+  assert "2-D" in got["algorithm"] and [r["n"] for r in got["rings"]] == [4, 4]
+
+
+def test_chip_local_groups_are_cheap():
+  coords = _grid(2, 2, cores=2)                  # a v3-8: 4 chips of 2 cores
+  on_chip = [[0, 1], [2, 3], [4, 5], [6, 7]]     # the two cores of each chip
+  across = [[0, 2], [1, 3], [4, 6], [5, 7]]      # neighbouring chips along x
+  t_chip = _price("all-reduce", B, on_chip, coords, (2, 2), (False, False))
+  t_ici = _price("all-reduce", B, across, coords, (2, 2), (False, False))
+  assert t_chip == pytest.approx(B / V3.hbm_bytes_per_s_per_chip)   # 2 x (1/2) B / chip HBM
+  assert t_chip < t_ici / 5
+
+
+def test_strided_group_shares_links():
+  coords = _grid(8)
+  dense = _price("all-reduce", B, [[0, 1, 2, 3]], coords, (8, 1), (False, False))
+  strided = _price("all-reduce", B, [[0, 2, 4, 6], [1, 3, 5, 7]], coords, (8, 1),
+                   (False, False))
+  assert strided == pytest.approx(2 * dense)
+
+
+def test_permute_and_all_to_all():
+  coords = _grid(8)
+  shift = [[i, (i + 1) % 8] for i in range(8)]
+  t = steptime.price(_op("collective-permute", B, 2, 8), shift, V3, coords, (8, 1),
+                     (True, False))["seconds"]
+  assert t == pytest.approx(B / LINK + ALPHA)                 # wraps: 7 -> 0 is one hop
+  t_line = steptime.price(_op("collective-permute", B, 2, 8), shift, V3, coords, (8, 1),
+                          (False, False))["seconds"]
+  assert t_line == pytest.approx(7 * B / LINK + 7 * ALPHA)    # 7 -> 0 crosses the line
+  a2a = _price("all-to-all", B, [list(range(8))], coords, (8, 1), (True, False))
+  assert a2a == pytest.approx(B * 8 / (4 * 2 * LINK) + 7 * ALPHA)
+
+
+def test_model_roofline_and_overlap():
+  dev = hardware.per_device(V3, megacore=False)
+  analysis = {"flops_per_device": dev["peak_flops"] * 0.01,            # 10 ms of compute
+              "bytes_accessed": dev["hbm_bytes_per_s"] * 0.002,       # 2 ms of HBM traffic
+              "ops": [{"kind": "all-reduce", "bytes": B, "group_size": 4, "num_groups": 1,
+                       "all_devices": False, "group_set": 0}],
+              "group_sets": [[[0, 1, 2, 3]]]}
+  none = steptime.model(analysis, V3, False, _grid(4), (4, 1), (False, False))
+  full = steptime.model(analysis, V3, False, _grid(4), (4, 1), (False, False), overlap="full")
+  ring = 2 * 3 / 4 * B / LINK + 6 * ALPHA
+  assert none["compute_s"] == pytest.approx(0.01) and none["memory_s"] == pytest.approx(0.002)
+  assert none["bound"] == "compute"
+  assert none["collective_s"] == pytest.approx(ring)
+  assert none["step_s"] == pytest.approx(0.01 + ring)
+  assert full["step_s"] == pytest.approx(max(0.01, ring))
+  assert none["assumptions"] and none["overlap"] == "none"
+  with pytest.raises(ValueError):
+    steptime.model(analysis, V3, False, _grid(4), (4, 1), overlap="some")
+
+
+def test_compiled_tpu_program():
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+  try:
+    from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
+    devs = topologies.get_topology_desc(topology_name="v3:2x2", platform="tpu").devices
+  except Exception as e:  # pylint: disable=broad-except
+    pytest.skip(f"jax.experimental.topologies gives no TPU devices here: {str(e)[:200]}")
+  mesh = Mesh(np.array(devs).reshape(4, 2), ("x", "y"), axis_types=(AxisType.Auto,) * 2)
+  spec = P("x", "y")
+
+  def f(a):
+    s = jax.lax.psum(a, "x")                       # across chips
+    c = jax.lax.psum(a, "y")                       # the two cores of a chip
+    g = jax.lax.all_gather(a, "x", tiled=True)
+    return (s.sum() + c.sum() + g.sum())[None, None] + a @ a.T
+
+  x = jax.ShapeDtypeStruct((512, 256), jnp.float32, sharding=NamedSharding(mesh, spec))
+  fn = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=spec, out_specs=spec))
+  analysis = cost.analyze(fn.lower(x).compile())
+  coords = [(d.coords[0], d.coords[1], d.coords[2], d.core_on_chip) for d in mesh.devices.flat]
+  chips = (2, 2)
+  out = steptime.model(analysis, V3, False, coords, chips)
+  assert out["compute_s"] > 0 and out["memory_s"] > 0 and out["step_s"] > 0
+  assert [(c["kind"], c["bytes"]) for c in out["collectives"]] == [
+      (o["kind"], o["bytes"]) for o in analysis["ops"]]
+  kinds = sorted(c["kind"] for c in out["collectives"])
+  assert kinds == ["all-gather", "all-reduce", "all-reduce"]
+  by_size = {(c["kind"], c["group_size"]): c for c in out["collectives"]}
+  assert by_size[("all-reduce", 2)]["algorithm"].startswith("on-chip")
+  assert by_size[("all-reduce", 4)]["rings"]                   # across the 2x2 chips
+  assert by_size[("all-reduce", 2)]["seconds"] < by_size[("all-reduce", 4)]["seconds"]
+  assert out["step_s"] == pytest.approx(max(out["compute_s"], out["memory_s"])
+                                        + out["collective_s"])
+
+
+def test_hardware_per_device_and_wraparound():
+  gib = 2**30
+  g = hardware.GENERATIONS
+  assert hardware.per_device(g["v2"], megacore=False)["hbm_bytes"] == 8 * gib
+  assert hardware.per_device(g["v3"], megacore=False)["hbm_bytes"] == 16 * gib
+  assert hardware.per_device(g["v4"], megacore=True)["hbm_bytes"] == 32 * gib
+  assert hardware.per_device(g["v5e"], megacore=False)["hbm_bytes"] == 16 * gib
+  assert hardware.per_device(g["v5p"], megacore=True)["hbm_bytes"] == 95 * gib
+  assert hardware.per_device(g["v3"], False)["peak_flops"] * 2 == g["v3"].peak_flops_per_chip
+  assert [x.name for x in g.values() if x.megacore_default] == ["v5p"]
+  assert hardware.generation("TPU v5 lite") is g["v5e"] and hardware.generation("v4:2x2x2") is g["v4"]
+  assert all(x.sources for x in g.values())
+  assert hardware.wraparound(g["v3"], (32, 32)) == (True, True)     # the full pod
+  assert hardware.wraparound(g["v3"], (4, 4)) == (False, False)
+  assert hardware.wraparound(g["v4"], (4, 4, 8)) == (True, True, True)
+  assert hardware.wraparound(g["v4"], (2, 2, 4)) == (False, False, False)   # under one cube
