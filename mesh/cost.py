@@ -23,7 +23,8 @@ form, for 8 CPU devices too):
             groups of S devices (`IotaReplicaGroupList`).
   mesh      `mesh['a'=n1,'b'=n2,...][, device_ids=(D)] {'a','b':(p)s,...}`: the devices laid
             out in an array of the mesh shape (iota, or D: `[r1,...]T(q1,...)` meaning
-            iota(prod r) reshaped to [r...] and transposed by (q...), or an explicit id list);
+            iota(prod r) reshaped to [r...] and transposed by (q...); an explicit id list is
+            also read, though no program compiled here printed one);
             the groups span the axes named in braces: a sub-axis `'b':(p)s` is the size-s factor
             of axis b with p devices' worth of more major factors before it (b reshaped to
             [p, s, n2/(p*s)], major to minor: the middle factor; Shardy's sub-axis notation). The array is transposed so the axes not named come first (in mesh order),
