@@ -4,6 +4,7 @@
 #   ./run.sh test [pytest args]               the whole test suite (8 simulated CPU devices)
 #   ./run.sh check PATH                       MLPerf compliance of a result_*.txt or a folder
 #   ./run.sh ablate <benchmark> [--flags]     each optimization on/off, side by side
+#   ./run.sh install tpu|cuda12|cuda13        the JAX wheels of an accelerator (CPU-only until then)
 # On first use it creates .venv and installs the project (pinned versions) into it.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -24,7 +25,24 @@ bootstrap() {
 }
 
 usage() {
-  sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//' >&2
+}
+
+# The `tpu` extra (libtpu): on first use of --topology, and for the tests that compile for TPU
+# slices. Both run on CPU-only machines (compile-only).
+install_extra() {
+  local extra="$1" stamp="$VENV/.meshperf-$1"
+  if [[ ! -f "$stamp" || pyproject.toml -nt "$stamp" ]]; then
+    echo "run.sh: installing the $extra extra (JAX wheels for $extra) into $VENV" >&2
+    "$VENV/bin/python" -m pip install --quiet -e ".[$extra]" >&2
+    touch "$stamp"
+  fi
+}
+
+wants_topology() {
+  local a
+  for a in "$@"; do [[ "$a" == --topology* ]] && return 0; done
+  return 1
 }
 
 verb="${1:-}"
@@ -33,14 +51,23 @@ case "$verb" in
     usage; exit 2 ;;
   test)
     shift; bootstrap
+    install_extra tpu || echo "run.sh: the tpu extra did not install; TPU compile tests skip" >&2
     exec "$VENV/bin/python" -m pytest -q -n 3 --dist=loadfile --no-loadscope-reorder "$@" ;;
   check)
     shift; bootstrap
     exec "$VENV/bin/python" -m logs.compliance "$@" ;;
+  install)
+    shift; bootstrap
+    case "${1:-}" in
+      tpu|cuda12|cuda13) install_extra "$1"; exit 0 ;;
+      *) echo "error: ./run.sh install takes tpu, cuda12 or cuda13" >&2; exit 2 ;;
+    esac ;;
   ablate)
     shift; bootstrap
+    if wants_topology "$@"; then install_extra tpu; fi
     exec "$VENV/bin/python" -m benchmarks.ablate "$@" ;;
   *)
     shift; bootstrap
+    if wants_topology "$@"; then install_extra tpu; fi
     exec "$VENV/bin/python" -m benchmarks.main "$verb" "$@" ;;
 esac

@@ -3,6 +3,9 @@
 Iterators yield this process's share of each global batch as numpy arrays; the loop builds the
 global arrays. Eval batches carry a `mask` (1 for real examples, 0 for padding) so every example
 counts exactly once whatever the device and process count.
+
+A dataset can also be *described* without being read (`described`): its published sizes and one
+batch's field shapes, all a compile-only run of a pod needs (`benchmarks.compile_only`).
 """
 
 from __future__ import annotations
@@ -29,6 +32,49 @@ class Data:
   train: Callable[[int], Iterator[Batch]]   # epoch -> local batches
   eval: Callable[[], Iterator[Batch]]       # local batches with 'mask', exactly eval_steps
   names: dict[str, tuple]                   # field -> logical dimension names
+  shapes: tuple[Batch, Batch] | None = None # described data: (train, eval) local batches of
+                                            # `Field`s; None: the data is read
+
+  def example_batches(self) -> tuple[Batch, Batch]:
+    """One local train and one local eval batch (or their `Field`s): they fix the shapes the
+    steps are compiled for."""
+    if self.shapes is not None:
+      return self.shapes
+    return next(iter(self.train(0))), next(iter(self.eval()))
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+  """A batch field's shape and dtype without its values (a described dataset's batch)."""
+  shape: tuple[int, ...]
+  dtype: np.dtype
+
+  def __post_init__(self):
+    object.__setattr__(self, "dtype", np.dtype(self.dtype))
+
+
+def described(name: str, num_train: int, num_eval: int, cfg, process_count: int,
+              train_fields: dict[str, tuple], eval_fields: dict[str, tuple],
+              names: dict[str, tuple]) -> Data:
+  """A dataset that is described, not read: its sizes (the published ones for a real dataset)
+  and each field's per-example (shape, dtype); eval fields get the `mask`. Steps follow from
+  the config's batch sizes as the loaders compute them. Its iterators refuse: nothing was read.
+  """
+  g, ge = cfg.global_batch_size, cfg.eval_batch_size or cfg.global_batch_size
+  steps = num_train // g
+  if steps == 0:
+    raise UserError(f"--global_batch_size={g} is larger than the {num_train} training examples "
+                    f"of {name}")
+
+  def batch(fields: dict[str, tuple], size: int) -> Batch:
+    return {k: Field((size // process_count,) + tuple(shape), dtype)
+            for k, (shape, dtype) in fields.items()}
+
+  def unread(*_):
+    raise RuntimeError(f"{name} is described, not read: a compile-only run has no examples")
+
+  return Data(name, num_train, num_eval, steps, num_steps(num_eval, ge), unread, unread, names,
+              (batch(train_fields, g), batch({**eval_fields, "mask": ((), np.float32)}, ge)))
 
 
 def process_indices(n: int, index: int, count: int) -> np.ndarray:

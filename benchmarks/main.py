@@ -60,6 +60,10 @@ _run_flag(flags.DEFINE_string, "coordinator_address", None, "Multi-host: host:po
           "0, or 'auto' on TPU pods (also MESHPERF_COORDINATOR).")
 _run_flag(flags.DEFINE_integer, "num_processes", None, "Multi-host: number of processes.")
 _run_flag(flags.DEFINE_integer, "process_id", None, "Multi-host: this process's index.")
+_run_flag(flags.DEFINE_bool, "compile_only", False, "Compile the train and eval steps, report "
+          "memory, FLOPs, collectives and the modelled step time; train nothing.")
+_run_flag(flags.DEFINE_string, "topology", None, "With --compile_only: a TPU slice to compile "
+          "for, e.g. v3:32x32, v4:8x8x16 (needs the tpu extra, which run.sh installs).")
 
 
 # --- one flag per Config field ------------------------------------------------------------------
@@ -228,7 +232,7 @@ def setup(argv: list[str], verb: str = "<benchmark>", run_flags: list[str] | Non
   config_lib.validate_common(cfg)
 
   # Devices first: simulated CPU devices must be set before jax starts.
-  from mesh import devices  # pylint: disable=import-outside-toplevel
+  from mesh import devices, topology  # pylint: disable=import-outside-toplevel
   from mesh.spec import (  # pylint: disable=import-outside-toplevel
     parse_layout,
     parse_mesh,
@@ -236,17 +240,29 @@ def setup(argv: list[str], verb: str = "<benchmark>", run_flags: list[str] | Non
   parse_mesh(cfg.mesh), parse_layout(cfg.layout)   # malformed strings fail before jax starts
   import optimizations  # pylint: disable=import-outside-toplevel
   optimizations.parse(cfg.optimizations)          # unknown names fail before jax starts
-  devices.use_cpu_devices(cfg.num_cpu_devices)
-  devices.maybe_initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes,
-                                       FLAGS.process_id)
+  if FLAGS.topology:
+    if not FLAGS.compile_only:
+      raise UserError("--topology names a slice to compile for: add --compile_only (on a real "
+                      "slice, run without --topology)")
+    topology.prepare_host(topology.parse(FLAGS.topology))       # a TPU slice's devices come from libtpu, not from this host
+  else:
+    devices.use_cpu_devices(cfg.num_cpu_devices)
+    devices.maybe_initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes,
+                                         FLAGS.process_id)
   mod.validate(cfg)
   return name, entry, cfg
 
 
 def main(argv: list[str]) -> int:
   name, _, cfg = setup(argv)
-  from benchmarks import train  # pylint: disable=import-outside-toplevel
   stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+  if FLAGS.compile_only:
+    from benchmarks import compile_only  # pylint: disable=import-outside-toplevel
+    where = (FLAGS.topology or "local").replace(":", "-")
+    compile_only.run(name, cfg, FLAGS.topology,
+                     FLAGS.output_dir or os.path.join("runs", name, f"compile-{where}-{stamp}"))
+    return 0
+  from benchmarks import train  # pylint: disable=import-outside-toplevel
   opts = train.RunOptions(
       output_dir=FLAGS.output_dir or os.path.join("runs", name, stamp),
       run_index=FLAGS.run_index, division=FLAGS.division, submission_org=FLAGS.submission_org,

@@ -126,12 +126,31 @@ def train_step_fn(task: Task, ctx: StepContext):
 def compile_program(task: Task, sharder: Sharder, seed: int, train_example: dict,
                     eval_example: dict | None, process_count: int = 1, plan: Plan | None = None
                     ) -> tuple[Program, Any]:
-  """Shards the state by dimension names, initializes it and compiles the steps (AOT).
+  """Shards the state by dimension names, compiles the steps (AOT) and initializes the state.
 
   `train_example`/`eval_example` are local batches that fix shapes (no eval example: no eval
   step, for programs that only train). No plan: `--optimizations=none`. Returns the program and
   the initial state: {"step", "rng", "params", "model_state", "opt_state"}.
   """
+  program, init = compile_steps(task, sharder, seed, train_example, eval_example, process_count,
+                                plan)
+  t0 = time.time()
+  with use(sharder):
+    state = init()
+    if task.warm_start is not None:
+      state = _warm_start(state, task.warm_start())
+  return dataclasses.replace(program, compile_s=program.compile_s + time.time() - t0), state
+
+
+def compile_steps(task: Task, sharder: Sharder, seed: int, train_example: dict,
+                  eval_example: dict | None, process_count: int = 1, plan: Plan | None = None,
+                  eval_device=None) -> tuple[Program, Any]:
+  """The compiled steps of a state that is never materialized: shapes and shardings come from
+  `jax.eval_shape`, so a pod's program compiles on a machine that could not hold its state
+  (compile-only runs). Examples may be arrays or anything with `shape` and `dtype`
+  (`benchmarks.data.Field`). `eval_device`: where a non-distributed eval runs (default: this
+  process's first device). Returns the program and `init()`, which materializes the initial
+  state with the program's shardings."""
   plan = plan or plain_plan(sharder)
   tx = task.optimizer
   init_rng, train_rng = jax.random.split(jax.random.PRNGKey(seed))
@@ -161,27 +180,25 @@ def compile_program(task: Task, sharder: Sharder, seed: int, train_example: dict
     for k, v in example.items():
       sharder.spec(task.data.names[k], (v.shape[0] * process_count,) + v.shape[1:],
                    what=f"input '{k}'")
+  state_shapes = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+                              jax.eval_shape(init_state, init_rng), state_shardings)
   t0 = time.time()
   with use(sharder):
-    state = jax.jit(init_state, out_shardings=state_shardings)(init_rng)
-    if task.warm_start is not None:
-      state = _warm_start(state, task.warm_start())
-    state_shapes = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
     train_c = jax.jit(
         train_step_fn(task, ctx),
         in_shardings=(state_shardings, {k: batch_shardings[k] for k in train_example}),
         out_shardings=(state_shardings, repl), donate_argnums=0).lower(
             state_shapes, _shape_of(train_example, process_count, batch_shardings)).compile()
-  eval_c, eval_device = None, None
+  eval_c = None
   if eval_example is not None:
     eval_c, eval_device = _compile_eval(task, sharder, plan, state_shapes, batch_shardings,
                                         PartitionSpec(spec_entry(plan.batch_axes)),
-                                        eval_example, process_count)
+                                        eval_example, process_count, eval_device)
   compile_s = time.time() - t0
-  return Program(sharder, plan, state_shardings, state_shapes, batch_shardings, train_c, eval_c,
-                 eval_device, task.host_stats, compile_s, cost.analyze(train_c),
-                 cost.analyze(eval_c) if eval_c else {}), state
+  program = Program(sharder, plan, state_shardings, state_shapes, batch_shardings, train_c,
+                    eval_c, eval_device, task.host_stats, compile_s, cost.analyze(train_c),
+                    cost.analyze(eval_c) if eval_c else {})
+  return program, lambda: jax.jit(init_state, out_shardings=state_shardings)(init_rng)
 
 
 def _warm_start(state, partial: dict):
@@ -206,11 +223,11 @@ def _warm_start(state, partial: dict):
 
 
 def _compile_eval(task: Task, sharder: Sharder, plan: Plan, state_shapes, batch_shardings,
-                  batch_spec, eval_example: dict, process_count: int):
+                  batch_spec, eval_example: dict, process_count: int, eval_device=None):
   """The compiled eval step and the device it runs on (None: distributed over the mesh)."""
   repl = sharder.replicated()
-  eval_device = None
   if plan.distributed_eval:
+    eval_device = None
     eval_args = (state_shapes["params"], state_shapes["model_state"],
                  _shape_of(eval_example, process_count, batch_shardings))
     out_sh = repl
@@ -220,7 +237,7 @@ def _compile_eval(task: Task, sharder: Sharder, plan: Plan, state_shapes, batch_
     with use(sharder):
       eval_c = jax.jit(task.eval_stats, out_shardings=out_sh).lower(*eval_args).compile()
   else:
-    eval_device = jax.local_devices()[0]
+    eval_device = eval_device or jax.local_devices()[0]
     one = SingleDeviceSharding(eval_device)
     on_one = lambda t: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
                                                                    sharding=one), t)

@@ -4,7 +4,10 @@ A benchmark is one folder under `benchmarks/` with two modules, named in `benchm
 - `config.py` (no jax): `Config` (a frozen dataclass extending `benchmarks.config.Common`),
   `PRESETS` (at least `cpu`, the offline CPU default, and `tiny`, seconds-long for the contract
   test), `validate(cfg)`, `ABLATIONS` and `SPEC`, a `Spec`: what the benchmark declares.
-- `suite.py`: `build(cfg, replicas, process_index, process_count) -> Task`.
+- `suite.py`: `build(cfg, replicas, process_index, process_count, shapes_only=False) -> Task`;
+  with `shapes_only` a real (large) dataset is described, not read (`benchmarks.data.described`:
+  its published sizes and a batch's shapes), for compile-only runs of a pod's program; the
+  task's quality/host_stats are then never called.
 The loop assumes nothing else: not the metric's direction, not how progress is counted.
 """
 

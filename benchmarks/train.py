@@ -67,14 +67,31 @@ def check_output(opts: RunOptions) -> None:
                     f"--resume to continue that run, or --overwrite to replace it")
 
 
-def build_sharder(cfg) -> tuple[Sharder, Plan]:
-  """The device mesh and layout of a config, after its optimizations adjusted the plan."""
-  mesh_spec = parse_mesh(cfg.mesh).resolve(len(jax.devices()))
+def build_sharder(cfg, devs=None) -> tuple[Sharder, Plan]:
+  """The device mesh and layout of a config over all (or the given) devices, after its
+  optimizations adjusted the plan."""
+  devs = list(devs if devs is not None else jax.devices())
+  mesh_spec = parse_mesh(cfg.mesh).resolve(len(devs))
   layout = parse_layout(cfg.layout)
   layout.check_against(mesh_spec)
   plan = optimizations.plan(cfg.optimizations, layout, mesh_spec)
   plan.layout.check_against(mesh_spec)
-  return Sharder(devices.make_mesh(mesh_spec), plan.layout), plan
+  return Sharder(devices.make_mesh(mesh_spec, devs), plan.layout), plan
+
+
+def check_batches(cfg, sharder: Sharder, plan: Plan, process_count: int) -> int:
+  """Batch sizes that the layout's replicas (x micro-batches) and the processes divide; returns
+  how many ways each forward pass's batch is split (replicas x micro-batches), what a suite's
+  `build` gets as `replicas` (e.g. the default batch-norm span)."""
+  replicas = sharder.batch_size_divisor("batch")
+  for what, size, k in (("--global_batch_size", cfg.global_batch_size, plan.accumulation_steps),
+                        ("--eval_batch_size", cfg.eval_batch_size or cfg.global_batch_size, 1)):
+    if size % (replicas * k) or size % process_count:
+      ways = f"{replicas} ways the layout splits 'batch' ({sharder.layout.axes_for('batch')})"
+      ways += f" x {k} micro-batches" if k > 1 else ""
+      raise UserError(f"{what}={size} is not divisible by the {ways} and {process_count} "
+                      f"process(es)")
+  return replicas * plan.accumulation_steps
 
 
 def _login() -> str:
@@ -147,7 +164,7 @@ def timeline(cfg, spec: Spec, steps_per_epoch: int, start: int = 0) -> list[Bloc
   return blocks
 
 
-def _check_cadence(cfg, spec: Spec) -> None:
+def check_cadence(cfg, spec: Spec) -> None:
   """Cadence flags that do not apply to the benchmark, or that do not fall on a step."""
   if spec.cadence == "epochs" and cfg.eval_every_samples:
     raise UserError("--eval_every_samples: this benchmark evaluates after epochs "
@@ -178,19 +195,10 @@ def _setup(cfg, entry, opts: RunOptions, log: MLPerfLog, say):
   UserError before anything is trained)."""
   pi, pc = jax.process_index(), jax.process_count()
   sharder, plan = build_sharder(cfg)
-  replicas = sharder.batch_size_divisor("batch")
-  for what, size, k in (("--global_batch_size", cfg.global_batch_size, plan.accumulation_steps),
-                        ("--eval_batch_size", cfg.eval_batch_size or cfg.global_batch_size, 1)):
-    if size % (replicas * k) or size % pc:
-      ways = f"{replicas} ways the layout splits 'batch' ({sharder.layout.axes_for('batch')})"
-      ways += f" x {k} micro-batches" if k > 1 else ""
-      raise UserError(f"{what}={size} is not divisible by the {ways} and {pc} process(es)")
-  # `replicas` for the suite: how many ways each forward pass's batch is split (replicas x
-  # micro-batches), e.g. the default batch-norm span.
+  replicas = check_batches(cfg, sharder, plan, pc)
   spec = entry.spec
-  _check_cadence(cfg, spec)
-  task = entry.build()(cfg, replicas=replicas * plan.accumulation_steps, process_index=pi,
-                       process_count=pc)
+  check_cadence(cfg, spec)
+  task = entry.build()(cfg, replicas=replicas, process_index=pi, process_count=pc)
   platform = opts.submission_platform or f"{len(jax.devices())}x{jax.devices()[0].device_kind}"
   for key, value in ((C.SUBMISSION_BENCHMARK, spec.mlperf_name),
                      (C.SUBMISSION_ORG, opts.submission_org),
@@ -211,8 +219,7 @@ def _setup(cfg, entry, opts: RunOptions, log: MLPerfLog, say):
       f"{len(jax.devices())} {jax.devices()[0].platform} device(s), {pc} process(es); "
       f"{data.name}: {data.num_train} train / {data.num_eval} eval examples, "
       f"{data.steps_per_epoch} steps/epoch; optimizations: {', '.join(plan.enabled) or 'none'}")
-  program, state = compile_program(task, sharder, cfg.seed, next(iter(data.train(0))),
-                                   next(iter(data.eval())), pc, plan)
+  program, state = compile_program(task, sharder, cfg.seed, *data.example_batches(), pc, plan)
   return task, program, state
 
 

@@ -3,8 +3,8 @@
 A TPU slice is a grid of chips joined by the inter-chip interconnect (ICI): each chip has a link
 to its nearest neighbour in each direction of each grid dimension (a 2-D grid on v2/v3/v5e, a
 3-D grid on v4/v5p), and along some dimensions the last chip links back to the first (a torus).
-A chip holds one or two TensorCores. JAX shows one device per TensorCore, except on v5p (and
-on v4 with `chip_config_name="megacore"`), where one device is a whole chip ("megacore").
+A chip holds one or two TensorCores. JAX shows one device per TensorCore on v2/v3, and one per
+chip on v4 and v5p ("megacore": the chip's two TensorCores act as one device).
 
 Each figure below cites where it comes from. ICI figures are given per link and per direction:
 the Cloud docs give either a bidirectional per-chip total or a pod's bisection bandwidth, and the
@@ -83,7 +83,9 @@ GENERATIONS: dict[str, Generation] = {
         pod_chips=(32, 32),                     # 1024 chips, 2-D torus (Cloud v3 docs)
         sources=(S_V3, S_JOUPPI20, S_KUMAR19, S_SCALING, S_ASSUMED)),
     "v4": Generation(
-        name="v4", device_kind="TPU v4", cores_per_chip=2, megacore_default=False,
+        # JAX on a v4 VM shows one device per chip (megacore; Cloud v4 docs); libtpu's
+        # compile-only topology needs chip_config_name="megacore" for that (mesh/topology.py).
+        name="v4", device_kind="TPU v4", cores_per_chip=2, megacore_default=True,
         hbm_bytes_per_chip=32 * GiB,            # 32 GiB (Cloud v4 docs)
         peak_flops_per_chip=275e12,             # 275 TFLOPS bf16 (Cloud v4 docs)
         hbm_bytes_per_s_per_chip=1200e9,        # 1200 GBps (Cloud v4 docs)

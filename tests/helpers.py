@@ -6,6 +6,7 @@ import types
 import jax
 import numpy as np
 import optax
+import pytest
 from flax import linen as nn
 
 from benchmarks import step as step_lib
@@ -86,3 +87,16 @@ def assert_same_run(losses, params, base_losses, base_params, loss_rtol=1e-12, r
   np.testing.assert_allclose(losses, base_losses, rtol=loss_rtol)
   for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(base_params)):
     np.testing.assert_allclose(a, b, rtol=rtol, atol=atol)
+
+
+def assert_described_like_read(described, read):
+  """A described dataset's batches (benchmarks.data.Field) have the read dataset's fields,
+  shapes and dtypes, and its steps follow from its sizes like the loaders' do."""
+  for desc, real in zip(described.example_batches(), read.example_batches()):
+    assert sorted(desc) == sorted(real)
+    for k, v in real.items():
+      assert (desc[k].shape, desc[k].dtype) == (np.shape(v), np.asarray(v).dtype), k
+  assert described.names == read.names
+  assert described.shapes is not None and read.shapes is None
+  with pytest.raises(RuntimeError, match="described, not read"):
+    next(iter(described.train(0)))

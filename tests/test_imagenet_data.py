@@ -110,3 +110,13 @@ def test_inception_crop_and_center_crop_shapes():
   ramp = np.tile(np.arange(80, dtype=np.uint8)[None, :, None], (80, 1, 3))
   c = data_lib.center_crop(ramp, 35)   # 80 -> 40 -> central 35
   assert abs(float(c[:, 17].mean()) - 39.5) < 2
+
+
+def test_described_imagenet_has_the_read_batches_shapes(imagenet_dir):
+  """Compile-only runs describe ImageNet (published sizes, a batch's shapes) without reading."""
+  cfg = _cfg(imagenet_dir)
+  described = data_lib.describe(cfg)
+  helpers.assert_described_like_read(described, data_lib.make(cfg))
+  assert (described.num_train, described.num_eval) == (1281167, 50000)
+  assert described.steps_per_epoch == 1281167 // 16 and described.eval_steps == -(-50000 // 8)
+  assert data_lib.describe(helpers.tiny_resnet()) is None     # small datasets are read

@@ -188,3 +188,13 @@ def test_grammar_lines_are_english_then_german():
   assert all(p.count(" = ") == 1 and p.endswith(".") for p in pairs)
   tok = tok_lib.Tokenizer(tok_lib.train_model(iter(TRAIN), 128))
   assert all(s[-1] == EOS for s in tok.encode(pairs))
+
+
+def test_described_lm1b_has_the_read_batches_shapes(tmp_path):
+  """Compile-only runs describe lm1b (its sentence counts, packed rows estimated) unread."""
+  from tests import helpers
+  _write_lm1b(tmp_path / "tfds", TRAIN, EVAL)
+  cfg = _cfg(tmp_path, dataset="lm1b", data_dir=str(tmp_path / "tfds"))
+  described = data_lib.describe(cfg)
+  helpers.assert_described_like_read(described, data_lib.make(cfg)[0])
+  assert described.num_train == 30301028 // (64 // data_lib.LM1B_TOKENS_PER_SENTENCE)

@@ -147,3 +147,14 @@ def test_backbone_warm_start(coco, tmp_path):
   task = suite.build(dataclasses.replace(cfg, backbone_checkpoint=str(tmp_path / "wide.npz")), 8)
   with pytest.raises(UserError, match="another model size"):
     _warm_start(state, task.warm_start())
+
+
+def test_described_coco_has_the_read_batches_shapes(coco):
+  """Compile-only runs describe COCO (MLPerf's 117,266 / 5,000 images) without reading it."""
+  from tests import helpers
+  cfg = cfg_for(coco[0], dataset="coco")
+  anchors = suite.anchors(cfg)
+  described = data_lib.describe(cfg, len(anchors))
+  helpers.assert_described_like_read(described, data_lib.make(cfg, anchors)[0])
+  assert (described.num_train, described.num_eval) == (117266, 5000)
+  assert data_lib.describe(cfg_for(coco[0]), len(anchors)) is None

@@ -164,7 +164,7 @@ def test_hardware_per_device_and_wraparound():
   assert hardware.per_device(g["v5e"], megacore=False)["hbm_bytes"] == 16 * gib
   assert hardware.per_device(g["v5p"], megacore=True)["hbm_bytes"] == 95 * gib
   assert hardware.per_device(g["v3"], False)["peak_flops"] * 2 == g["v3"].peak_flops_per_chip
-  assert [x.name for x in g.values() if x.megacore_default] == ["v5p"]
+  assert [x.name for x in g.values() if x.megacore_default] == ["v4", "v5p"]
   assert hardware.generation("TPU v5 lite") is g["v5e"] and hardware.generation("v4:2x2x2") is g["v4"]
   assert all(x.sources for x in g.values())
   assert hardware.wraparound(g["v3"], (32, 32)) == (True, True)     # the full pod

@@ -50,10 +50,10 @@ def test_a_resumed_run_starts_where_its_checkpoint_ended():
 
 
 def test_cadence_flags_that_do_not_apply_are_refused():
-  from benchmarks.train import _check_cadence
+  from benchmarks.train import check_cadence
   with pytest.raises(UserError, match="evaluates after epochs"):
-    _check_cadence(_cfg(eval_every_samples=64), EPOCHS)
+    check_cadence(_cfg(eval_every_samples=64), EPOCHS)
   with pytest.raises(UserError, match="evaluates every --eval_every_samples"):
-    _check_cadence(_cfg(eval_epochs=(2,)), SAMPLES)
+    check_cadence(_cfg(eval_epochs=(2,)), SAMPLES)
   with pytest.raises(UserError, match="not a multiple of --global_batch_size=32"):
-    _check_cadence(_cfg(eval_every_samples=48), SAMPLES)
+    check_cadence(_cfg(eval_every_samples=48), SAMPLES)

@@ -147,3 +147,15 @@ def test_processes_share_each_global_batch(tmp_path):
   assert halves[0].num_train == whole.num_train
   assert sorted(int(i) for h in halves for b in h.eval() for i, m in zip(b["index"], b["mask"])
                 if m) == list(range(50))
+
+
+def test_described_wmt14_has_the_read_batches_shapes(tmp_path):
+  """Compile-only runs describe WMT14 (4,508,785 pairs, packed rows estimated) without reading."""
+  from tests import helpers
+  _write_wmt14(tmp_path / "tfds", (EN[:300], DE[:300]), (EN[1000:1050], DE[1000:1050]))
+  cfg = _cfg(tmp_path, dataset="wmt14", data_dir=str(tmp_path / "tfds"))
+  described = data_lib.describe(cfg)
+  helpers.assert_described_like_read(described, data_lib.make(cfg)[0])
+  assert described.num_eval == 3003 and described.num_train == 4508785     # packing off
+  packed = data_lib.describe(dataclasses.replace(cfg, packing=True, max_sequence_length=80))
+  assert packed.num_train == int(4508785 / data_lib.PAIRS_PER_PACKED_ROW)

@@ -29,6 +29,7 @@ from benchmarks.common import tokenizer as tok_lib
 from benchmarks.data import (
   Data,
   array_batches,
+  described,
   num_steps,
   open_tfds,
   padded,
@@ -39,6 +40,9 @@ from mesh.errors import UserError
 FIELDS = ("tokens", "segment", "position")
 NAMES = {**{k: ("batch", "length") for k in FIELDS}, "mask": ("batch",)}
 LM1B = "lm1b"
+# tfds lm1b: 30,301,028 training and 306,688 test sentences. Assumption for described (unread)
+# lm1b only: 32 subword tokens per sentence with a 32k vocabulary (about 27 words each).
+LM1B_TRAIN, LM1B_EVAL, LM1B_TOKENS_PER_SENTENCE = 30301028, 306688, 32
 _READ_CHUNK = 65536
 
 
@@ -198,6 +202,17 @@ def assemble(rows: list[np.ndarray], ps: Pieces, max_len: int) -> dict[str, np.n
       out["position"][r, at:at + n] = np.arange(n)
       at += n
   return out
+
+
+def describe(cfg, process_count: int = 1) -> Data | None:
+  """lm1b's sizes and a batch's shapes, nothing read (compile-only runs); None for the other
+  datasets, which are small and are read. Rows: packed rows of max_sequence_length tokens."""
+  if cfg.dataset != "lm1b":
+    return None
+  per_row = max(1, cfg.max_sequence_length // LM1B_TOKENS_PER_SENTENCE) if cfg.packing else 1
+  fields = {k: ((cfg.max_sequence_length,), np.int32) for k in FIELDS}
+  return described("lm1b (described)", LM1B_TRAIN // per_row, LM1B_EVAL // per_row, cfg,
+                   process_count, fields, fields, NAMES)
 
 
 def make(cfg, process_index: int = 0, process_count: int = 1, say=lambda s: None

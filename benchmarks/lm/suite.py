@@ -138,13 +138,19 @@ def hparams(cfg: Config, steps_per_epoch: int, num_devices: int, micro_batch: in
   return tuple(keys)
 
 
-def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int = 1) -> Task:
+def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int = 1,
+          shapes_only: bool = False) -> Task:
   """`replicas`: how many ways each forward pass's batch is split (data-parallel replicas x
-  accumulation micro-batches), so the per-replica micro-batch is global_batch_size / replicas."""
+  accumulation micro-batches), so the per-replica micro-batch is global_batch_size / replicas.
+  `shapes_only`: lm1b is described, not read; the vocabulary is --vocab_size (compile-only)."""
   compute_dtype(cfg.dtype)
   say = (lambda s: print(s, flush=True)) if process_index == 0 else (lambda s: None)
-  data, tok = data_lib.make(cfg, process_index, process_count, say)
-  real_vocab = tok.vocab_size
+  described = shapes_only and data_lib.describe(cfg, process_count)
+  if described:
+    data, real_vocab = described, cfg.vocab_size
+  else:
+    data, tok = data_lib.make(cfg, process_index, process_count, say)
+    real_vocab = tok.vocab_size
   model = make_model(cfg, real_vocab)
   lr = schedule(cfg, data.steps_per_epoch)
 

@@ -10,6 +10,7 @@ import numpy as np
 from PIL import Image
 
 from benchmarks.data import (
+  described,
   Data,
   array_batches,
   num_steps,
@@ -24,6 +25,7 @@ NAMES = {"image": ("batch", "height", "width", None), "label": ("batch",),
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32) * 255
 IMAGENET_STD = np.array([0.229, 0.224, 0.225], np.float32) * 255
 IMAGENET_TRAIN = 1281167
+IMAGENET_EVAL = 50000      # ILSVRC 2012 validation images (MLPerf evaluates on all of them)
 
 
 def make(cfg, process_index: int = 0, process_count: int = 1) -> Data:
@@ -34,6 +36,17 @@ def make(cfg, process_index: int = 0, process_count: int = 1) -> Data:
   if cfg.dataset == "imagenet":
     return _imagenet(cfg, local_batch, local_eval, process_index, process_count)
   return _synthetic(cfg, local_batch, local_eval)
+
+
+def describe(cfg, process_count: int = 1) -> Data | None:
+  """ImageNet's published sizes and a batch's shapes, nothing read (compile-only runs); None for
+  the other datasets, which are small and are read."""
+  if cfg.dataset != "imagenet":
+    return None
+  image = ((cfg.image_size, cfg.image_size, 3), np.float32)
+  fields = {"image": image, "label": ((), np.int32)}
+  return described("imagenet2012", IMAGENET_TRAIN, IMAGENET_EVAL, cfg, process_count, fields,
+                   fields, NAMES)
 
 
 # --- scikit-learn digits: 1,797 real 8x8 scans, shipped with scikit-learn (no download) -------

@@ -72,10 +72,13 @@ def hparams(cfg: Config, bn_span: int, decay: int):
   return tuple(keys)
 
 
-def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int = 1) -> Task:
-  """`replicas`: how many ways the batch is split (the default bn span is the per-replica batch)."""
+def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int = 1,
+          shapes_only: bool = False) -> Task:
+  """`replicas`: how many ways the batch is split (the default bn span is the per-replica batch).
+  `shapes_only`: ImageNet is described, not read (compile-only runs)."""
   dtype = compute_dtype(cfg.dtype)
-  data = data_lib.make(cfg, process_index, process_count)
+  data = ((shapes_only and data_lib.describe(cfg, process_count))
+          or data_lib.make(cfg, process_index, process_count))
   bn_span = cfg.bn_span or max(1, cfg.global_batch_size // replicas)
   model = ResNet(cfg.model_depth, cfg.model_width, cfg.num_classes, bn_span, dtype)
   eval_model = model.clone(bn_span=None)

@@ -21,7 +21,7 @@ from typing import Iterator
 import numpy as np
 from PIL import Image
 
-from benchmarks.data import Data, num_steps, padded, process_indices
+from benchmarks.data import Data, described, num_steps, padded, process_indices
 from benchmarks.ssd import boxes as box_lib
 from benchmarks.ssd import shapes
 from mesh.errors import UserError
@@ -159,6 +159,22 @@ def _collate_train(examples) -> dict:
 
 def _collate_eval(examples) -> dict:
   return {k: np.stack([e[k] for e in examples]) for k in examples[0]}
+
+
+# COCO 2017 as MLPerf's SSD uses it: the training images with at least one box, all of val2017.
+COCO_TRAIN, COCO_EVAL = 117266, 5000
+
+
+def describe(cfg, num_anchors: int, process_count: int = 1) -> Data | None:
+  """COCO's sizes and a batch's shapes, nothing read (compile-only runs); None for the shapes
+  dataset, which is small and is read."""
+  if cfg.dataset != "coco":
+    return None
+  image = ((cfg.image_size, cfg.image_size, 3), np.uint8)
+  train = {"image": image, "boxes": ((num_anchors, 4), np.float32),
+           "labels": ((num_anchors,), np.int32)}
+  evals = {"image": image, "image_id": ((), np.int32), "size": ((2,), np.float32)}
+  return described("coco", COCO_TRAIN, COCO_EVAL, cfg, process_count, train, evals, NAMES)
 
 
 def make(cfg, anchors_xywh: np.ndarray, process_index: int = 0, process_count: int = 1

@@ -98,15 +98,21 @@ def backbone_weights(cfg: Config) -> dict:
           "model_state": {"batch_stats": {"Backbone": part(w["batch_stats"])}}}
 
 
-def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int = 1) -> Task:
+def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int = 1,
+          shapes_only: bool = False) -> Task:
+  """`shapes_only`: COCO is described, not read (compile-only runs: no ground truth, no mAP)."""
   compute_dtype(cfg.dtype)
   default_boxes = anchors(cfg)
-  data, val, category_ids = data_lib.make(cfg, default_boxes, process_index, process_count)
-  try:
-    ground_truth = coco_eval.CocoGroundTruth(val.coco)
-  except (KeyError, ValueError) as e:
-    raise UserError(f"the validation annotations cannot be scored: {type(e).__name__}: {e}"
-                    ) from None
+  described = shapes_only and data_lib.describe(cfg, len(default_boxes), process_count)
+  if described:
+    data, category_ids, ground_truth = described, (), None
+  else:
+    data, val, category_ids = data_lib.make(cfg, default_boxes, process_index, process_count)
+    try:
+      ground_truth = coco_eval.CocoGroundTruth(val.coco)
+    except (KeyError, ValueError) as e:
+      raise UserError(f"the validation annotations cannot be scored: {type(e).__name__}: {e}"
+                      ) from None
   bn_span = cfg.bn_span or max(1, cfg.global_batch_size // replicas)
   model = make_model(cfg, bn_span)
   eval_model = model.clone(bn_span=None)

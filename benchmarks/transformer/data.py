@@ -20,6 +20,7 @@ from benchmarks.common import tokenizer as tok_lib
 from benchmarks.data import (
   Data,
   array_batches,
+  described,
   num_steps,
   open_tfds,
   padded,
@@ -32,6 +33,12 @@ TRAIN_FIELDS = ("inputs", "inputs_segment", "inputs_position", "targets", "targe
 NAMES = {**{k: ("batch", "length") for k in TRAIN_FIELDS}, "index": ("batch",),
          "mask": ("batch",)}
 WMT14 = "wmt14_translate/de-en"
+# tfds wmt14_translate/de-en: 4,508,785 training pairs; newstest2014, the MLPerf eval set: 3,003.
+WMT14_TRAIN_PAIRS, WMT14_EVAL = 4508785, 3003
+# Assumption for described (unread) WMT14 only: pairs per packed row of 80 tokens. WMT14 en-de
+# averages about 30 subword tokens per side with a 32k vocabulary, so about 2.4 pairs share a
+# row of 80 after packing's waste; a read dataset counts its real rows.
+PAIRS_PER_PACKED_ROW = 2.4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,6 +196,19 @@ def assemble(rows: list[np.ndarray], src: Ragged, tgt: Ragged, max_len: int
         out[side + "_position"][r, at:at + n] = np.arange(n)
         at += n
   return out
+
+
+def describe(cfg, process_count: int = 1) -> Data | None:
+  """WMT14's sizes and a batch's shapes, nothing read (compile-only runs); None for the other
+  datasets, which are small and are read."""
+  if cfg.dataset != "wmt14":
+    return None
+  rows = WMT14_TRAIN_PAIRS
+  if cfg.packing:
+    rows = int(WMT14_TRAIN_PAIRS * min(1.0, cfg.max_sequence_length / 80) / PAIRS_PER_PACKED_ROW)
+  train = {k: ((cfg.max_sequence_length,), np.int32) for k in TRAIN_FIELDS}
+  evals = {"inputs": ((cfg.max_eval_length,), np.int32), "index": ((), np.int32)}
+  return described("wmt14 (described)", rows, WMT14_EVAL, cfg, process_count, train, evals, NAMES)
 
 
 def make(cfg, process_index: int = 0, process_count: int = 1, say=lambda s: None

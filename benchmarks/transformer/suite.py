@@ -66,12 +66,19 @@ def translate(model: Transformer, params, inputs, beam: int, max_len: int, alpha
   return seqs
 
 
-def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int = 1) -> Task:
+def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int = 1,
+          shapes_only: bool = False) -> Task:
+  """`shapes_only`: WMT14 is described, not read, and the vocabulary is --vocab_size (compile-only
+  runs: no tokenizer, no BLEU)."""
   del replicas
   compute_dtype(cfg.dtype)
   say = (lambda s: print(s, flush=True)) if process_index == 0 else (lambda s: None)
-  data, references, tok = data_lib.make(cfg, process_index, process_count, say)
-  real_vocab = tok.vocab_size
+  described = shapes_only and data_lib.describe(cfg, process_count)
+  if described:
+    data, references, tok, real_vocab = described, None, None, cfg.vocab_size
+  else:
+    data, references, tok = data_lib.make(cfg, process_index, process_count, say)
+    real_vocab = tok.vocab_size
   model = make_model(cfg, real_vocab)
   lr = schedule(cfg)
 

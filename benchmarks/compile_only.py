@@ -1,0 +1,236 @@
+"""Compile-only runs: a benchmark's real train and eval steps compiled for a TPU slice that is not
+here, and what they cost.
+
+`./run.sh resnet --config=tpu-v3-2048 --compile_only --topology=v3:32x32` builds the preset's
+model, batch, mesh, layout and optimizations exactly as a run would, over the slice's
+compile-only devices (`mesh.topology`, libtpu), with abstract inputs: the dataset is described
+(its published sizes and a batch's shapes, `benchmarks.data.described`), no parameter is
+materialized (`benchmarks.step.compile_steps`). It reports per-device memory against the chip's
+HBM (a program that does not fit is refused: exit status 2), FLOPs, bytes accessed, the
+collectives by kind and replica-group size, XLA's own estimate, and the step-time model of
+`mesh.steptime` with the minutes to train it predicts:
+
+  minutes = (training steps to --max_epochs x modelled step time
+             + evaluations at the preset's cadence x eval steps x modelled eval step time) / 60
+
+Without `--topology` the steps compile for this machine's devices (no model: no TPU figures).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Any, Callable
+
+import jax
+
+from benchmarks import registry
+from benchmarks.step import compile_steps
+from benchmarks.train import build_sharder, check_batches, check_cadence, timeline
+from mesh import hardware, topology
+from mesh.errors import UserError
+
+GiB = 1 << 30
+
+
+def analyze(benchmark: str, cfg, topology_name: str | None, *, with_eval: bool = True,
+            say: Callable[[str], None] = print) -> dict[str, Any]:
+  """Compiles `cfg` of `benchmark` for the named slice (None: this machine's devices) and
+  returns the summary (JSON-able). A program that does not fit in HBM raises UserError after
+  the summary is complete (`summary["fits"]` is False); `refuse(summary)` does that."""
+  entry = registry.BENCHMARKS[benchmark]
+  spec = entry.spec
+  topo = topology.parse(topology_name) if topology_name else None
+  devs = topology.devices(topo) if topo else jax.devices()
+  sharder, plan = build_sharder(cfg, devs)
+  replicas = check_batches(cfg, sharder, plan, 1)
+  check_cadence(cfg, spec)
+  where = topo.describe() if topo else f"{len(devs)} {devs[0].platform} device(s)"
+  say(f"{benchmark}: compiling for {where}; mesh {dict(sharder.mesh.shape)} layout "
+      f"'{sharder.layout}'; optimizations: {', '.join(plan.enabled) or 'none'}")
+  task = entry.build()(cfg, replicas=replicas, process_index=0, process_count=1,
+                       shapes_only=True)
+  data = task.data
+  train_example, eval_example = data.example_batches()
+  device = _device_figures(topo)
+  t0 = time.time()
+  train = evals = prediction = None
+  refused = None
+  try:
+    program, _ = compile_steps(task, sharder, cfg.seed, train_example,
+                               eval_example if with_eval else None, 1, plan, eval_device=devs[0])
+  except Exception as e:  # pylint: disable=broad-except
+    if "RESOURCE_EXHAUSTED" not in str(e):
+      raise
+    # The TPU compiler itself refuses a program that cannot fit in HBM.
+    refused = f"the TPU compiler ran out of HBM: {str(e).splitlines()[0]}"
+  compile_s = time.time() - t0
+  if refused is None:
+    coords = topology.coords(sharder.mesh.devices.flat) if topo else None
+    train = _step(program.step_cost, device, topo, coords)
+    evals = _step(program.eval_cost, device, topo, coords) if with_eval else None
+    prediction = _prediction(cfg, timeline(cfg, spec, data.steps_per_epoch), data, train, evals)
+  summary = {
+      "benchmark": benchmark,
+      "mlperf_benchmark": spec.mlperf_name,
+      "compile_only": True,
+      "topology": _topology_summary(topo, devs, device),
+      "mesh": {k: int(v) for k, v in sharder.mesh.shape.items()},
+      "layout": str(sharder.layout),
+      "optimizations": list(plan.enabled),
+      "plan": plan.describe(),
+      "config": dataclasses.asdict(cfg),
+      "dataset": {"name": data.name, "described": data.shapes is not None,
+                  "num_train": data.num_train, "num_eval": data.num_eval,
+                  "steps_per_epoch": data.steps_per_epoch, "eval_steps": data.eval_steps},
+      "compile_s": compile_s,
+      "train": train,
+      "eval": evals,
+      "prediction": prediction,
+      "refused": refused,
+      "jax_version": jax.__version__,
+  }
+  summary["fits"] = refused is None and all(
+      s is None or s["fits"] is not False for s in (train, evals))
+  return summary
+
+
+def _device_figures(topo) -> dict[str, float] | None:
+  if topo is None:
+    return None
+  return hardware.per_device(hardware.GENERATIONS[topo.generation], topo.megacore)
+
+
+def _topology_summary(topo, devs, device) -> dict[str, Any]:
+  if topo is None:
+    return {"name": None, "devices": len(devs), "platform": devs[0].platform}
+  return {"name": topo.name, "generation": topo.generation, "chips": list(topo.chips),
+          "num_chips": topo.num_chips, "devices": len(devs), "megacore": topo.megacore,
+          "device_kind": devs[0].device_kind, **{f"{k}_per_device": v for k, v in device.items()},
+          "wraparound": list(hardware.wraparound(hardware.GENERATIONS[topo.generation],
+                                                 topo.chips))}
+
+
+def _step(cost: dict[str, Any], device, topo, coords) -> dict[str, Any]:
+  """One compiled step's figures, its fit in HBM and (on a TPU slice) its modelled time."""
+  memory = cost.get("memory_per_device", {})
+  total = memory.get("total_bytes")
+  out = {k: cost.get(k) for k in ("flops_per_device", "bytes_accessed", "optimal_seconds",
+                                  "memory_per_device", "collectives", "collective_bytes_total")}
+  out["collectives_by_group"] = cost.get("collectives_by_group")
+  out["hbm_bytes_per_device"] = device["hbm_bytes"] if device else None
+  out["fits"] = None if device is None or total is None else total <= device["hbm_bytes"]
+  out["model"] = None
+  if topo is not None:
+    from mesh import steptime  # pylint: disable=import-outside-toplevel
+    gen = hardware.GENERATIONS[topo.generation]
+    out["model"] = steptime.model(cost, gen, topo.megacore, coords, topo.chips,
+                                  hardware.wraparound(gen, topo.chips))
+  return out
+
+
+def _prediction(cfg, blocks, data, train, evals) -> dict[str, Any] | None:
+  """Minutes to train by the model: every block's steps, then one evaluation per block."""
+  if train["model"] is None:
+    return None
+  steps = sum(b.steps for b in blocks)
+  step_s = train["model"]["step_s"]
+  eval_step_s = evals["model"]["step_s"] if evals else 0.0
+  train_s = steps * step_s
+  eval_s = len(blocks) * data.eval_steps * eval_step_s
+  return {"epochs": cfg.max_epochs, "train_steps": steps, "step_s": step_s,
+          "evaluations": len(blocks), "eval_steps": data.eval_steps, "eval_step_s": eval_step_s,
+          "train_minutes": train_s / 60, "eval_minutes": eval_s / 60,
+          "minutes": (train_s + eval_s) / 60,
+          "assumption": "the run lasts --max_epochs (set it to the epochs a run converges in) "
+                        "and evaluates at the preset's cadence; host input and init not timed"}
+
+
+def refuse(summary: dict[str, Any]) -> None:
+  """UserError when a compiled step does not fit in a device's HBM."""
+  advice = ("shard more (a model axis in --layout, weight_update_sharding), lower "
+            "--global_batch_size/--eval_batch_size, or use a larger slice (summary.json has the "
+            "details)")
+  if summary["refused"]:
+    raise UserError(f"the program does not fit: {summary['refused']}; {advice}")
+  for name in ("train", "eval"):
+    step = summary[name]
+    if step and step["fits"] is False:
+      need = step["memory_per_device"]["total_bytes"]
+      raise UserError(
+          f"the {name} step needs {need / GiB:.2f} GiB per device but a "
+          f"{summary['topology']['device_kind']} device has "
+          f"{step['hbm_bytes_per_device'] / GiB:.0f} GiB of HBM: {advice}")
+
+
+def _mib(b) -> str:
+  return f"{(b or 0) / 2**20:,.1f} MiB"
+
+
+def _si(x, unit: str) -> str:
+  """1.23e11 -> '123.0 GFLOP'."""
+  x = x or 0.0
+  for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+    if x >= scale:
+      return f"{x / scale:,.1f} {prefix}{unit}"
+  return f"{x:.0f} {unit}"
+
+
+def _ms(s) -> str:
+  return f"{s * 1e3:.3g} ms"
+
+
+def report(summary: dict[str, Any]) -> str:
+  """The summary as lines for a terminal."""
+  lines = []
+  for name in ("train", "eval"):
+    step = summary[name]
+    if step is None:
+      continue
+    mem = step["memory_per_device"]
+    hbm = step["hbm_bytes_per_device"]
+    fit = "" if hbm is None else (f" of {hbm / GiB:.0f} GiB HBM"
+                                   + ("" if step["fits"] else "  DOES NOT FIT"))
+    flops = step["flops_per_device"]
+    lines.append(f"{name} step: {_si(flops, 'FLOP')} and "
+                 f"{_si(step['bytes_accessed'], 'B')} accessed per device; memory "
+                 f"{mem.get('total_bytes', 0) / GiB:.2f} GiB per device{fit} (arguments "
+                 f"{_mib(mem.get('argument_bytes'))}, temporaries {_mib(mem.get('temp_bytes'))})")
+    groups = step.get("collectives_by_group") or []
+    for g in groups:
+      lines.append(f"  {g['kind']:<18} {g['count']:>5}x over groups of {g['group_size']:>5}: "
+                   f"{_mib(g['bytes'])} per device")
+    if not groups:
+      for kind, v in step["collectives"].items():
+        if v["count"]:
+          lines.append(f"  {kind:<18} {v['count']:>5}x: {_mib(v['bytes'])} per device")
+    model = step["model"]
+    xla = step["optimal_seconds"]
+    xla_s = "" if xla is None else f"; XLA's estimate {_ms(xla)} (no interconnect)"
+    if model:
+      lines.append(f"  model: compute {_ms(model['compute_s'])}, HBM {_ms(model['memory_s'])}, "
+                   f"collectives {_ms(model['collective_s'])} -> step {_ms(model['step_s'])} "
+                   f"(overlap: {model['overlap']}){xla_s}")
+  p = summary["prediction"]
+  if p:
+    lines.append(f"predicted: {p['epochs']} epochs = {p['train_steps']:,} steps x "
+                 f"{_ms(p['step_s'])} + {p['evaluations']} evaluations x {p['eval_steps']} "
+                 f"steps x {_ms(p['eval_step_s'])} = {p['minutes']:.3g} minutes from run_start "
+                 f"to run_stop")
+  return "\n".join(lines)
+
+
+def run(benchmark: str, cfg, topology_name: str | None, output_dir: str,
+        say: Callable[[str], None] = print) -> dict[str, Any]:
+  """The `--compile_only` command: analyze, print, write summary.json, refuse a misfit."""
+  summary = analyze(benchmark, cfg, topology_name, say=say)
+  say(report(summary))
+  os.makedirs(output_dir, exist_ok=True)
+  path = os.path.join(output_dir, "summary.json")
+  with open(path, "w") as f:
+    json.dump(summary, f, indent=2, default=float)
+  say(f"compiled in {summary['compile_s']:.0f}s; summary {path}")
+  refuse(summary)
+  return summary

@@ -1,0 +1,133 @@
+"""Compile-only runs for TPU slices (libtpu, no TPU here): topology names, the compiled steps'
+figures against independent counts, the step-time prediction, and the refusal of a program that
+does not fit in HBM. All libtpu users are in this file (one pytest-xdist worker)."""
+
+import json
+import os
+import re
+import subprocess
+
+import pytest
+
+from benchmarks.lm.config import PRESETS as LM_PRESETS
+from mesh import topology
+from mesh.errors import UserError
+from tests import helpers
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _has_libtpu() -> bool:
+  try:
+    import libtpu  # noqa: F401
+    return True
+  except ImportError:
+    return False
+
+
+needs_libtpu = pytest.mark.skipif(
+    not _has_libtpu(), reason="libtpu (the tpu extra) is not installed: `./run.sh install tpu`; "
+    "./run.sh test installs it")
+
+
+@pytest.mark.parametrize("name, chips, devices", [
+    ("v3:32x32", (32, 32), 2048), ("v2:4x4", (4, 4), 32), ("v4:8x8x16", (8, 8, 16), 1024),
+    ("v4:8x8x16:cores", (8, 8, 16), 2048), ("v5e:16x16", (16, 16), 256),
+    ("v5p:8x8x16", (8, 8, 16), 1024)])
+def test_topology_names(name, chips, devices):
+  t = topology.parse(name)
+  assert t.chips == chips and t.num_devices == devices
+
+
+@pytest.mark.parametrize("name, needle", [
+    ("v3", "expected <generation>"), ("v6:4x4", "expected <generation>"),
+    ("v3:4x4x4", "2 dimensions"), ("v4:8x8", "3 dimensions"), ("v3:0x4", "at least one chip"),
+    ("v3:4x4:cores", "v4 only")])
+def test_bad_topology_names(name, needle):
+  with pytest.raises(UserError, match=needle):
+    topology.parse(name)
+
+
+def _tiny_resnet(**kw):
+  """The tiny ResNet with a batch-norm span of 2 replicas, on a v3:2x2 slice (8 cores)."""
+  return helpers.tiny_resnet(num_cpu_devices=0, mesh="data:8", layout="batch:data",
+                             global_batch_size=64, eval_batch_size=64, bn_span=16, **kw)
+
+
+@pytest.fixture(scope="module")
+def resnet_v3():
+  from benchmarks import compile_only
+  topology.prepare_host()
+  return compile_only.analyze("resnet", _tiny_resnet(), "v3:2x2", say=lambda s: None)
+
+
+@needs_libtpu
+def test_tiny_resnet_on_a_v3_slice(resnet_v3):
+  import jax
+  from benchmarks.resnet import suite
+  s = resnet_v3
+  assert s["topology"]["devices"] == 8 and s["topology"]["device_kind"] == "TPU v3"
+  assert s["topology"]["hbm_bytes_per_device"] == 16 * 2**30 and s["fits"]
+  train = s["train"]
+  # The parameters' bytes, counted independently from the model's init: a data-parallel state
+  # holds params + momentum (SGD) replicated on every core, so the arguments hold at least that.
+  cfg = _tiny_resnet()
+  task = suite.build(cfg, replicas=8)
+  variables = jax.eval_shape(task.init, jax.random.PRNGKey(0))
+  param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(variables["params"]))
+  assert train["memory_per_device"]["argument_bytes"] >= 2 * param_bytes
+  # Gradients: summed over all 8 replicas, in all-reduces over groups of 8 that TPU's combiner
+  # merges into a few ops; their bytes are the parameters' (measured: within 0.2%).
+  grads = [g for g in train["collectives_by_group"] if g["kind"] == "all-reduce"
+           and g["group_size"] == 8]
+  assert grads and sum(g["bytes"] for g in grads) == pytest.approx(param_bytes, rel=0.01)
+  # bn_span 16 of a per-replica batch of 8: batch-norm moments only within pairs of replicas.
+  assert any(g["group_size"] == 2 for g in train["collectives_by_group"])
+  assert train["flops_per_device"] > 0 and train["bytes_accessed"] > 0
+  model = train["model"]
+  assert model["step_s"] >= max(model["compute_s"], model["memory_s"]) > 0
+  assert model["collective_s"] > 0
+
+
+@needs_libtpu
+def test_prediction_is_steps_times_step_plus_evaluations(resnet_v3):
+  p, d = resnet_v3["prediction"], resnet_v3["dataset"]
+  cfg = _tiny_resnet()
+  blocks = len(set(range(cfg.eval_every, cfg.max_epochs + 1, cfg.eval_every)) | {cfg.max_epochs})
+  assert p["train_steps"] == cfg.max_epochs * d["steps_per_epoch"]
+  assert p["evaluations"] == blocks and p["eval_steps"] == d["eval_steps"]
+  want = (p["train_steps"] * resnet_v3["train"]["model"]["step_s"]
+          + blocks * d["eval_steps"] * resnet_v3["eval"]["model"]["step_s"]) / 60
+  assert p["minutes"] == pytest.approx(want, rel=1e-12)
+
+
+def _run(*args, cwd=ROOT):
+  return subprocess.run([os.path.join(ROOT, "run.sh"), *args], capture_output=True, text=True,
+                        check=False, cwd=cwd)
+
+
+@needs_libtpu
+def test_a_program_that_does_not_fit_is_refused(tmp_path):
+  """A 1-layer LM with d_ff 2^22, replicated on each v3 core: 2 x 1024 x 2^22 float32 weights
+  = 32 GiB per core (plus gradients and Adam's two moments) against 16 GiB of HBM: the TPU
+  compiler itself refuses it."""
+  assert LM_PRESETS["tiny"].num_layers == 1
+  p = _run("lm", "--config=tiny", "--d_model=1024", "--d_ff=4194304", "--compile_only",
+           "--topology=v3:2x2", f"--output_dir={tmp_path}")
+  assert p.returncode == 2, p.stderr[-2000:]
+  last = p.stderr.strip().splitlines()[-1]
+  assert last.startswith("error: the program does not fit: the TPU compiler ran out of HBM")
+  assert "shard more" in last
+  summary = json.load(open(tmp_path / "summary.json"))
+  assert summary["fits"] is False and summary["train"] is None
+  # The compiler's own figure: 4 copies (weights, gradients, 2 moments) of 32 GiB.
+  need = float(re.search(r"required for HLO temporaries \(([\d.]+)G\)", last).group(1))
+  assert need > 4 * 32
+
+
+def test_topology_flag_errors(tmp_path):
+  p = _run("resnet", "--config=tiny", "--topology=v3:2x2")
+  assert p.returncode == 2 and "add --compile_only" in p.stderr
+  p = _run("resnet", "--config=tiny", "--compile_only", "--topology=v3:4")
+  assert p.returncode == 2 and p.stderr.strip() == (
+      "error: --topology=v3:4: a v3 slice has 2 dimensions (e.g. v3:4x4)")
