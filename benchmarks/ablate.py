@@ -5,6 +5,16 @@
 `--ablate_steps=0` only compiles: collectives and memory of models too big to time here (SSD at
 300x300, ResNet-34 backbone).
 
+  ./run.sh ablate resnet --config=tpu-v3-2048 --topology=v3:32x32
+
+At pod scale (`--topology`, compile-only, `benchmarks.compile_only`): the preset as configured,
+then the preset without each of its optimizations in turn, on the same slice, mesh and batch;
+per variant the memory per device, collective bytes per device, the modelled train and eval
+step times (`mesh.steptime`) and the minutes to train they predict, with the ratio of each
+variant's step time to the preset's. Without `spatial_partitioning` the spatial mesh axis stays
+in the mesh, idle: each replica's 4 cores then compute the same image rows, which is what the
+same cores do without the optimization.
+
 For every variant (mesh, layout, optimizations; the benchmark config module's ABLATIONS) it
 compiles the benchmark's step and reports
 collective bytes by kind, memory per device, optimizer-state bytes per device, the median step
@@ -87,6 +97,66 @@ def ablate(cfg, build, variants, steps: int, rounds: int) -> list[dict]:
   return rows
 
 
+def pod_variants(cfg) -> list[tuple[str, str]]:
+  """(label, optimizations): the preset's, then the preset's without each one in turn."""
+  import optimizations  # pylint: disable=import-outside-toplevel
+  names = [o for o in cfg.optimizations.split(",") if o and o != "none"]
+  out = [("preset: " + (cfg.optimizations or "none"), cfg.optimizations)]
+  for o in names:
+    rest = ",".join(x for x in names if x != o) or "none"
+    optimizations.parse(rest)
+    out.append((f"- {o.split(':')[0]}", rest))
+  return out
+
+
+def pod_ablate(name: str, cfg, topology_name: str) -> list[dict]:
+  from benchmarks import compile_only  # pylint: disable=import-outside-toplevel
+  rows = []
+  for label, opts in pod_variants(cfg):
+    s = compile_only.analyze(name, dataclasses.replace(cfg, optimizations=opts), topology_name)
+    print(f"compiled {label} in {s['compile_s']:.0f}s", flush=True)
+    row = {"label": label, "optimizations": opts, "fits": s["fits"], "refused": s["refused"]}
+    for step in ("train", "eval"):
+      st = s[step]
+      row[step] = None if st is None else {
+          "memory_bytes": st["memory_per_device"].get("total_bytes"),
+          "collective_bytes": {k: v["bytes"] for k, v in st["collectives"].items()},
+          "collective_counts": {k: v["count"] for k, v in st["collectives"].items()},
+          "model_ms": 1e3 * st["model"]["step_s"],
+          "collective_ms": 1e3 * st["model"]["collective_s"],
+          "xla_ms": None if st["optimal_seconds"] is None else 1e3 * st["optimal_seconds"]}
+    row["minutes"] = s["prediction"]["minutes"] if s["prediction"] else None
+    rows.append(row)
+  base = rows[0]
+  for r in rows:
+    for step in ("train", "eval"):
+      if r[step] and base[step]:
+        r[step]["ratio"] = r[step]["model_ms"] / base[step]["model_ms"]
+  return rows
+
+
+def pod_table(rows: list[dict]) -> str:
+  mib = lambda n: f"{n / 2**20:,.0f}"
+  head = ("| variant | train memory GiB/dev | all-reduce MiB | reduce-scatter MiB | "
+          "all-gather MiB | coll.-permute MiB | collectives ms | train step ms (vs preset) | "
+          "eval step ms (vs preset) | minutes |")
+  lines = [head, "|" + "---|" * 10]
+  for r in rows:
+    t, e = r["train"], r["eval"]
+    if t is None:
+      lines.append(f"| {r['label']} | does not fit: {r['refused']} |" + " |" * 8)
+      continue
+    c = t["collective_bytes"]
+    ev = "-" if e is None else f"{e['model_ms']:.2f} ({e.get('ratio', 1):.2f}x)"
+    lines.append(
+        f"| {r['label']} | {t['memory_bytes'] / 2**30:.2f} | {mib(c['all-reduce'])} | "
+        f"{mib(c['reduce-scatter'])} | {mib(c['all-gather'])} | "
+        f"{mib(c['collective-permute'])} | {t['collective_ms']:.2f} | "
+        f"{t['model_ms']:.2f} ({t.get('ratio', 1):.2f}x) | {ev} | "
+        f"{'-' if r['minutes'] is None else format(r['minutes'], '.2f')} |")
+  return "\n".join(lines)
+
+
 def table(rows: list[dict]) -> str:
   kb = lambda n: f"{n / 1024:,.0f}"
   ms = lambda t, ratio, fmt: "-" if t is None else f"{t:{fmt}} ({ratio:.2f})"
@@ -108,10 +178,15 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str]) -> int:
-  _, entry, cfg = cli.setup(argv, verb="ablate <benchmark>", run_flags=ABLATE_FLAGS)
-  rows = ablate(cfg, entry.build(), entry.config().ABLATIONS, FLAGS.ablate_steps,
-                FLAGS.ablate_rounds)
-  print(table(rows))
+  name, entry, cfg = cli.setup(argv, verb="ablate <benchmark>", run_flags=ABLATE_FLAGS,
+                               compiles_only_with_topology=True)
+  if FLAGS.topology:
+    rows = pod_ablate(name, cfg, FLAGS.topology)
+    print(pod_table(rows))
+  else:
+    rows = ablate(cfg, entry.build(), entry.config().ABLATIONS, FLAGS.ablate_steps,
+                  FLAGS.ablate_rounds)
+    print(table(rows))
   if FLAGS.ablate_json:
     with open(FLAGS.ablate_json, "w") as f:
       json.dump(rows, f, indent=2)

@@ -198,10 +198,12 @@ def _help(name: str, preset_name: str, cfg, presets, run_flags: list[str]) -> st
   return "\n".join(lines)
 
 
-def setup(argv: list[str], verb: str = "<benchmark>", run_flags: list[str] | None = None):
+def setup(argv: list[str], verb: str = "<benchmark>", run_flags: list[str] | None = None,
+          compiles_only_with_topology: bool = False):
   """Parses `<benchmark> [flags]` (argv[0] is the program), starts the devices and returns
   (name, registry entry, config). Bad input raises UserError before jax starts; `--help`
-  prints the benchmark's flags and exits 0."""
+  prints the benchmark's flags and exits 0. `compiles_only_with_topology`: the verb only
+  compiles when given --topology (ablate), so --compile_only is not needed with it."""
   run_flags = RUN_FLAGS + (run_flags or [])
   names = ", ".join(BENCHMARKS)
   if len(argv) < 2 or argv[1].startswith("-"):
@@ -241,7 +243,7 @@ def setup(argv: list[str], verb: str = "<benchmark>", run_flags: list[str] | Non
   import optimizations  # pylint: disable=import-outside-toplevel
   optimizations.parse(cfg.optimizations)          # unknown names fail before jax starts
   if FLAGS.topology:
-    if not FLAGS.compile_only:
+    if not (FLAGS.compile_only or compiles_only_with_topology):
       raise UserError("--topology names a slice to compile for: add --compile_only (on a real "
                       "slice, run without --topology)")
     topology.prepare_host(topology.parse(FLAGS.topology))       # a TPU slice's devices come from libtpu, not from this host
