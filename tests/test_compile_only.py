@@ -131,3 +131,20 @@ def test_topology_flag_errors(tmp_path):
   p = _run("resnet", "--config=tiny", "--compile_only", "--topology=v3:4")
   assert p.returncode == 2 and p.stderr.strip() == (
       "error: --topology=v3:4: a v3 slice has 2 dimensions (e.g. v3:4x4)")
+
+
+@pytest.mark.parametrize("name", sorted(__import__("benchmarks.registry").registry.BENCHMARKS))
+def test_pod_presets_describe_their_datasets(name):
+  """Every pod preset builds its task with the dataset described (published sizes, batch
+  shapes) and no --data_dir: nothing is read, so it compiles anywhere."""
+  from benchmarks.registry import BENCHMARKS
+  entry = BENCHMARKS[name]
+  pods = {k: v for k, v in entry.config().PRESETS.items() if k.startswith("tpu")}
+  assert pods, f"{name} has no pod preset"
+  for cfg in pods.values():
+    assert not cfg.data_dir
+    task = entry.build()(cfg, replicas=1, shapes_only=True)
+    train, evals = task.data.example_batches()
+    assert task.data.shapes is not None and task.data.steps_per_epoch > 0
+    assert all(v.shape[0] == cfg.global_batch_size for v in train.values())
+    assert evals["mask"].shape == (cfg.eval_batch_size or cfg.global_batch_size,)

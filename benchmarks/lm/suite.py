@@ -92,6 +92,13 @@ def parallelism(cfg: Config, num_devices: int) -> dict[str, int]:
   return {"tensor": ways(MODEL_DIMS), "context": ways(("length",)), "data": ways(("batch",))}
 
 
+def _devices(cfg: Config, shapes_only: bool) -> int:
+  """The devices the run's mesh covers: this process's view, or (compile-only, where the devices
+  are a TPU slice's and not jax.devices()) the mesh string's own size when it names every axis."""
+  spec = parse_mesh(cfg.mesh)
+  return spec.size if shapes_only and -1 not in spec.shape else jax.device_count()
+
+
 def config_name(cfg: Config) -> str:
   """MLPerf config_filename: the preset this config is, or 'custom'."""
   name = next((n for n, p in PRESETS.items() if p == cfg), "custom")
@@ -183,5 +190,5 @@ def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int
   return Task(
       init=init, loss=loss, eval_stats=eval_stats, quality=quality,
       optimizer=optimizer(cfg, lr), learning_rate=lr, data=data,
-      hparams=hparams(cfg, data.steps_per_epoch, jax.device_count(),
+      hparams=hparams(cfg, data.steps_per_epoch, _devices(cfg, shapes_only),
                       max(1, cfg.global_batch_size // replicas)))
