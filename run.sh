@@ -5,6 +5,7 @@
 #   ./run.sh check PATH                       MLPerf compliance of a result_*.txt or a folder
 #   ./run.sh ablate <benchmark> [--flags]     each optimization on/off, side by side
 #   ./run.sh install tpu|cuda12|cuda13        the JAX wheels of an accelerator (CPU-only until then)
+#   ./run.sh scale <benchmark>|all [--chips=16,64]  Google's v0.6 TPU-v3 minutes, predicted beside published
 # On first use it creates .venv and installs the project (pinned versions) into it.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -25,7 +26,7 @@ bootstrap() {
 }
 
 usage() {
-  sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//' >&2
 }
 
 # The `tpu` extra (libtpu): on first use of --topology, and for the tests that compile for TPU
@@ -66,6 +67,9 @@ case "$verb" in
     shift; bootstrap
     if wants_topology "$@"; then install_extra tpu; fi
     exec "$VENV/bin/python" -m benchmarks.ablate "$@" ;;
+  scale)
+    shift; bootstrap; install_extra tpu
+    exec "$VENV/bin/python" -m benchmarks.scale "$@" ;;
   *)
     shift; bootstrap
     if wants_topology "$@"; then install_extra tpu; fi
