@@ -157,5 +157,6 @@ def test_described_wmt14_has_the_read_batches_shapes(tmp_path):
   described = data_lib.describe(cfg)
   helpers.assert_described_like_read(described, data_lib.make(cfg)[0])
   assert described.num_eval == 3003 and described.num_train == 4508785     # packing off
-  packed = data_lib.describe(dataclasses.replace(cfg, packing=True, max_sequence_length=80))
-  assert packed.num_train == int(4508785 / data_lib.PAIRS_PER_PACKED_ROW)
+  packed = data_lib.describe(dataclasses.replace(cfg, packing=True, max_sequence_length=256,
+                                                global_batch_size=2048))
+  assert packed.steps_per_epoch == 271        # Google's MLPerf v0.6 epoch of 2,048 x 256 tokens

@@ -35,10 +35,12 @@ NAMES = {**{k: ("batch", "length") for k in TRAIN_FIELDS}, "index": ("batch",),
 WMT14 = "wmt14_translate/de-en"
 # tfds wmt14_translate/de-en: 4,508,785 training pairs; newstest2014, the MLPerf eval set: 3,003.
 WMT14_TRAIN_PAIRS, WMT14_EVAL = 4508785, 3003
-# Assumption for described (unread) WMT14 only: pairs per packed row of 80 tokens. WMT14 en-de
-# averages about 30 subword tokens per side with a 32k vocabulary, so about 2.4 pairs share a
-# row of 80 after packing's waste; a read dataset counts its real rows.
-PAIRS_PER_PACKED_ROW = 2.4
+# For described (unread) WMT14 only: packed tokens per pair, packing's waste included. Google's
+# MLPerf v0.6 Transformer packed WMT14 en-de (32k vocabulary) into rows of 256 tokens, 271 steps
+# of 2,048 rows per epoch (mlcommons/training_results_v0.6, Google/benchmarks/transformer/
+# tpu-v3-*/run_and_time.sh): 256 x 271 x 2048 / 4,508,785 = 31.5 tokens per pair. Assumed the
+# same for other row lengths; a read dataset counts its real rows.
+PACKED_TOKENS_PER_PAIR = 256 * 271 * 2048 / WMT14_TRAIN_PAIRS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,7 +207,7 @@ def describe(cfg, process_count: int = 1) -> Data | None:
     return None
   rows = WMT14_TRAIN_PAIRS
   if cfg.packing:
-    rows = int(WMT14_TRAIN_PAIRS * min(1.0, cfg.max_sequence_length / 80) / PAIRS_PER_PACKED_ROW)
+    rows = int(WMT14_TRAIN_PAIRS * PACKED_TOKENS_PER_PAIR / cfg.max_sequence_length)
   train = {k: ((cfg.max_sequence_length,), np.int32) for k in TRAIN_FIELDS}
   evals = {"inputs": ((cfg.max_eval_length,), np.int32), "index": ((), np.int32)}
   return described("wmt14 (described)", rows, WMT14_EVAL, cfg, process_count, train, evals, NAMES)
