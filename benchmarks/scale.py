@@ -305,9 +305,12 @@ def plot(rows: dict[str, list[dict]], path: str) -> None:
                   textcoords="offset points", xytext=(4, 6), fontsize=8)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
+    values = [r[k]["minutes" if k == "prediction" else "published_minutes"]
+              for r in bm_rows for k in ("point", "prediction")]
+    few = max(values) / min(values) < 10        # under a decade: label every minor tick
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if str(v)[0] in "25"
-                                               else ""))
+    ax.yaxis.set_minor_formatter(FuncFormatter(
+        lambda v, _, few=few: f"{v:g}" if few or f"{v:g}"[0] in "25" else ""))
     ax.set_xticks(chips, [str(c) for c in chips])
     ax.set_xlabel("TPU-v3 chips")
     ax.set_ylabel("minutes to train")
