@@ -5,7 +5,9 @@ cross-entropy over the matched boxes and the hardest unmatched ones (3 per match
 the image's number of matches; images without matches count zero; mean over the batch.
 Detection: softmax scores; per class, the best `candidates` boxes above `min_score` go through
 greedy NMS (a box goes when its IoU with a kept, better box reaches `iou`); the best
-`max_detections` of all classes remain.
+`max_detections` of all classes remain. Every step is per image, and the ranking is a sort along
+each image's own rows (`top_k`), so a batch split over devices stays split: each device detects
+on its own images and only the kept detections leave it.
 """
 
 from __future__ import annotations
@@ -65,6 +67,19 @@ def greedy_nms(boxes, scores, valid, iou: float):
   return jax.lax.fori_loop(0, k, body, jnp.zeros_like(valid))
 
 
+def top_k(x, k: int):
+  """`jax.lax.top_k` along the last axis (values descending, equal values by lower index first),
+  from a sort of (-x, index). `lax.top_k` lowers to `chlo.top_k`, for which jax 0.10's
+  partitioner (Shardy) has no sharding rule: it replicates the operand, so in a distributed eval
+  every image's candidate scores were all-gathered to every device before ranking (125 MiB per
+  eval step on a v3-2048 pod; tests/test_pod_defects.py bounds it). A sort along an unsplit
+  dimension is partitioned along the others (the batch), so each device ranks its own images.
+  (-0.0 and 0.0 are equal keys for `lax.sort`, so the masked zeros keep their index order.)"""
+  index = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+  neg, idx = jax.lax.sort((-x, index), dimension=x.ndim - 1, num_keys=2)
+  return -neg[..., :k], idx[..., :k]
+
+
 def detect(loc, logits, anchors_xywh, *, iou: float, min_score: float, candidates: int,
            max_detections: int):
   """(batch, boxes, 4), (batch, boxes, classes) -> ltrb boxes (batch, max_detections, 4)
@@ -73,12 +88,12 @@ def detect(loc, logits, anchors_xywh, *, iou: float, min_score: float, candidate
   scores = jax.nn.softmax(logits, -1)[..., 1:]                     # drop background
   per_class = jnp.swapaxes(scores, -1, -2)                         # (batch, classes-1, boxes)
   k = min(candidates, per_class.shape[-1])
-  top, idx = jax.lax.top_k(per_class, k)                           # sorted, descending
+  top, idx = top_k(per_class, k)                                   # sorted, descending
   cand = jnp.take_along_axis(boxes[:, None], idx[..., None], axis=-2)   # (b, c-1, k, 4)
   keep = greedy_nms(cand, top, top > min_score, iou)
   flat = jnp.where(keep, top, 0.0).reshape(top.shape[0], -1)
   d = min(max_detections, flat.shape[-1])
-  best, where = jax.lax.top_k(flat, d)
+  best, where = top_k(flat, d)
   out_boxes = jnp.take_along_axis(cand.reshape(top.shape[0], -1, 4), where[..., None], axis=1)
   classes = where // k + 1
   return out_boxes, best, classes.astype(jnp.int32)
