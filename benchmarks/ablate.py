@@ -113,7 +113,8 @@ def pod_ablate(name: str, cfg, topology_name: str) -> list[dict]:
   from benchmarks import compile_only  # pylint: disable=import-outside-toplevel
   rows = []
   for label, opts in pod_variants(cfg):
-    s = compile_only.analyze(name, dataclasses.replace(cfg, optimizations=opts), topology_name)
+    s = compile_only.analyze(name, dataclasses.replace(cfg, optimizations=opts), topology_name,
+                             cache_dir=FLAGS.compile_cache or None)
     print(f"compiled {label} in {s['compile_s']:.0f}s", flush=True)
     row = {"label": label, "optimizations": opts, "fits": s["fits"], "refused": s["refused"]}
     for step in ("train", "eval"):

@@ -26,20 +26,46 @@ from typing import Any, Callable
 
 import jax
 
-from benchmarks import registry
+from benchmarks import compile_cache, registry
 from benchmarks.step import compile_steps
 from benchmarks.train import build_sharder, check_batches, check_cadence, timeline
-from mesh import hardware, topology
+from mesh import cost, hardware, topology
 from mesh.errors import UserError
 
 GiB = 1 << 30
 
 
 def analyze(benchmark: str, cfg, topology_name: str | None, *, with_eval: bool = True,
-            say: Callable[[str], None] = print) -> dict[str, Any]:
+            say: Callable[[str], None] = print, cache_dir: str | None = None,
+            refresh: bool = False) -> dict[str, Any]:
   """Compiles `cfg` of `benchmark` for the named slice (None: this machine's devices) and
-  returns the summary (JSON-able). A program that does not fit in HBM raises UserError after
-  the summary is complete (`summary["fits"]` is False); `refuse(summary)` does that."""
+  returns the summary (JSON-able). A program that does not fit in HBM is summarized with
+  `summary["fits"]` False; `refuse(summary)` turns that into a UserError. With `cache_dir`, a
+  program compiled before with the same config and code is read from the cache
+  (`benchmarks.compile_cache`) instead of compiled again (`refresh`: compiled regardless)."""
+  key = None
+  if cache_dir:
+    key = compile_cache.cache_key(benchmark, cfg, topology_name, with_eval,
+                                  compile_cache.versions())
+    raw, changed = (None, []) if refresh else compile_cache.load(cache_dir, key)
+    if raw is not None:
+      say(f"{benchmark}: compiled before, read from {compile_cache.path_of(cache_dir, key)}")
+      return summarize(raw, cfg)
+    if changed:
+      say(f"{benchmark}: recompiling, changed since cached: {', '.join(changed[:3])}")
+    code = compile_cache.file_hashes(compile_cache.loaded_code())
+  raw = compile_facts(benchmark, cfg, topology_name, with_eval=with_eval, say=say)
+  if key:
+    code = {**compile_cache.file_hashes([f for f in compile_cache.loaded_code()
+                                         if f not in code]), **code}
+    compile_cache.save(cache_dir, key, raw, code)
+  return summarize(raw, cfg)
+
+
+def compile_facts(benchmark: str, cfg, topology_name: str | None, *, with_eval: bool = True,
+                  say: Callable[[str], None] = print) -> dict[str, Any]:
+  """Compiles the steps; returns what the compiler said (`mesh.cost.facts` of each step) and
+  the run's context, as JSON-able data."""
   entry = registry.BENCHMARKS[benchmark]
   spec = entry.spec
   topo = topology.parse(topology_name) if topology_name else None
@@ -54,45 +80,66 @@ def analyze(benchmark: str, cfg, topology_name: str | None, *, with_eval: bool =
                        shapes_only=True)
   data = task.data
   train_example, eval_example = data.example_batches()
-  device = _device_figures(topo)
   t0 = time.time()
-  train = evals = prediction = None
-  refused = None
+  train = evals = refused = None
   try:
     program, _ = compile_steps(task, sharder, cfg.seed, train_example,
                                eval_example if with_eval else None, 1, plan, eval_device=devs[0])
+    train = cost.facts(program.train)
+    evals = cost.facts(program.eval) if with_eval else None
   except Exception as e:  # pylint: disable=broad-except
     if "RESOURCE_EXHAUSTED" not in str(e):
       raise
     # The TPU compiler itself refuses a program that cannot fit in HBM.
     refused = f"the TPU compiler ran out of HBM: {str(e).splitlines()[0]}"
-  compile_s = time.time() - t0
-  if refused is None:
-    coords = topology.coords(sharder.mesh.devices.flat) if topo else None
-    train = _step(program.step_cost, device, topo, coords)
-    evals = _step(program.eval_cost, device, topo, coords) if with_eval else None
-    prediction = _prediction(cfg, timeline(cfg, spec, data.steps_per_epoch), data, train, evals)
-  summary = {
+  return {
       "benchmark": benchmark,
       "mlperf_benchmark": spec.mlperf_name,
-      "compile_only": True,
-      "topology": _topology_summary(topo, devs, device),
+      "topology_name": topology_name,
+      "devices": len(devs), "platform": devs[0].platform, "device_kind": devs[0].device_kind,
+      "coords": topology.coords(sharder.mesh.devices.flat) if topo else None,
       "mesh": {k: int(v) for k, v in sharder.mesh.shape.items()},
       "layout": str(sharder.layout),
       "optimizations": list(plan.enabled),
       "plan": plan.describe(),
-      "config": dataclasses.asdict(cfg),
       "dataset": {"name": data.name, "described": data.shapes is not None,
                   "num_train": data.num_train, "num_eval": data.num_eval,
                   "steps_per_epoch": data.steps_per_epoch, "eval_steps": data.eval_steps},
-      "compile_s": compile_s,
+      "compile_s": time.time() - t0,
+      "train": train, "eval": evals, "refused": refused,
+  }
+
+
+def summarize(raw: dict[str, Any], cfg) -> dict[str, Any]:
+  """The summary of compiled facts: per step, the figures, the fit in HBM and the modelled
+  time; the predicted minutes for `cfg`'s epochs and evaluation cadence."""
+  name = raw["topology_name"]
+  topo = topology.parse(name) if name else None
+  device = _device_figures(topo)
+  coords = [tuple(c) for c in raw["coords"]] if raw["coords"] else None
+  train = evals = prediction = None
+  if raw["refused"] is None:
+    train = _step(cost.analyze_facts(raw["train"]), device, topo, coords)
+    evals = _step(cost.analyze_facts(raw["eval"]), device, topo, coords) if raw["eval"] else None
+    spec = registry.BENCHMARKS[raw["benchmark"]].spec
+    prediction = _prediction(cfg, timeline(cfg, spec, raw["dataset"]["steps_per_epoch"]),
+                             raw["dataset"]["eval_steps"], train, evals)
+  summary = {
+      "benchmark": raw["benchmark"],
+      "mlperf_benchmark": raw["mlperf_benchmark"],
+      "compile_only": True,
+      "topology": _topology_summary(topo, raw, device),
+      **{k: raw[k] for k in ("mesh", "layout", "optimizations", "plan")},
+      "config": dataclasses.asdict(cfg),
+      "dataset": raw["dataset"],
+      "compile_s": raw["compile_s"],
       "train": train,
       "eval": evals,
       "prediction": prediction,
-      "refused": refused,
+      "refused": raw["refused"],
       "jax_version": jax.__version__,
   }
-  summary["fits"] = refused is None and all(
+  summary["fits"] = raw["refused"] is None and all(
       s is None or s["fits"] is not False for s in (train, evals))
   return summary
 
@@ -103,12 +150,13 @@ def _device_figures(topo) -> dict[str, float] | None:
   return hardware.per_device(hardware.GENERATIONS[topo.generation], topo.megacore)
 
 
-def _topology_summary(topo, devs, device) -> dict[str, Any]:
+def _topology_summary(topo, raw, device) -> dict[str, Any]:
   if topo is None:
-    return {"name": None, "devices": len(devs), "platform": devs[0].platform}
+    return {"name": None, "devices": raw["devices"], "platform": raw["platform"],
+            "device_kind": raw["device_kind"]}
   return {"name": topo.name, "generation": topo.generation, "chips": list(topo.chips),
-          "num_chips": topo.num_chips, "devices": len(devs), "megacore": topo.megacore,
-          "device_kind": devs[0].device_kind, **{f"{k}_per_device": v for k, v in device.items()},
+          "num_chips": topo.num_chips, "devices": raw["devices"], "megacore": topo.megacore,
+          "device_kind": raw["device_kind"], **{f"{k}_per_device": v for k, v in device.items()},
           "wraparound": list(hardware.wraparound(hardware.GENERATIONS[topo.generation],
                                                  topo.chips))}
 
@@ -131,7 +179,7 @@ def _step(cost: dict[str, Any], device, topo, coords) -> dict[str, Any]:
   return out
 
 
-def _prediction(cfg, blocks, data, train, evals) -> dict[str, Any] | None:
+def _prediction(cfg, blocks, eval_steps: int, train, evals) -> dict[str, Any] | None:
   """Minutes to train by the model: every block's steps, then one evaluation per block."""
   if train["model"] is None:
     return None
@@ -139,9 +187,9 @@ def _prediction(cfg, blocks, data, train, evals) -> dict[str, Any] | None:
   step_s = train["model"]["step_s"]
   eval_step_s = evals["model"]["step_s"] if evals else 0.0
   train_s = steps * step_s
-  eval_s = len(blocks) * data.eval_steps * eval_step_s
+  eval_s = len(blocks) * eval_steps * eval_step_s
   return {"epochs": cfg.max_epochs, "train_steps": steps, "step_s": step_s,
-          "evaluations": len(blocks), "eval_steps": data.eval_steps, "eval_step_s": eval_step_s,
+          "evaluations": len(blocks), "eval_steps": eval_steps, "eval_step_s": eval_step_s,
           "train_minutes": train_s / 60, "eval_minutes": eval_s / 60,
           "minutes": (train_s + eval_s) / 60,
           "assumption": "the run lasts --max_epochs (set it to the epochs a run converges in) "
@@ -223,9 +271,9 @@ def report(summary: dict[str, Any]) -> str:
 
 
 def run(benchmark: str, cfg, topology_name: str | None, output_dir: str,
-        say: Callable[[str], None] = print) -> dict[str, Any]:
+        cache_dir: str | None = None, say: Callable[[str], None] = print) -> dict[str, Any]:
   """The `--compile_only` command: analyze, print, write summary.json, refuse a misfit."""
-  summary = analyze(benchmark, cfg, topology_name, say=say)
+  summary = analyze(benchmark, cfg, topology_name, say=say, cache_dir=cache_dir)
   say(report(summary))
   os.makedirs(output_dir, exist_ok=True)
   path = os.path.join(output_dir, "summary.json")

@@ -64,6 +64,9 @@ _run_flag(flags.DEFINE_bool, "compile_only", False, "Compile the train and eval 
           "memory, FLOPs, collectives and the modelled step time; train nothing.")
 _run_flag(flags.DEFINE_string, "topology", None, "With --compile_only: a TPU slice to compile "
           "for, e.g. v3:32x32, v4:8x8x16 (needs the tpu extra, which run.sh installs).")
+_run_flag(flags.DEFINE_string, "compile_cache", os.path.join("runs", "compile_cache"),
+          "Compile-only runs keep compiled programs' facts here and reuse them while config and "
+          "code are unchanged ('' for none).")
 
 
 # --- one flag per Config field ------------------------------------------------------------------
@@ -267,7 +270,8 @@ def main(argv: list[str]) -> int:
     from benchmarks import compile_only  # pylint: disable=import-outside-toplevel
     where = (FLAGS.topology or "local").replace(":", "-")
     compile_only.run(name, cfg, FLAGS.topology,
-                     FLAGS.output_dir or os.path.join("runs", name, f"compile-{where}-{stamp}"))
+                     FLAGS.output_dir or os.path.join("runs", name, f"compile-{where}-{stamp}"),
+                     cache_dir=FLAGS.compile_cache or None)
     return 0
   from benchmarks import train  # pylint: disable=import-outside-toplevel
   opts = train.RunOptions(

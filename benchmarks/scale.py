@@ -22,25 +22,18 @@ predicted minutes beside the published ones with their ratio, and writes
 compile summary, the prediction) and a log-log PNG of both curves (`--plot`, default
 `<output_dir>/scale_<benchmark>.png`).
 
-Cache: a full-size compile takes 1 to 6 minutes on a 2-core machine, so each point's compile
-summary is kept in `--cache_dir` as `<key>.json`, where key = sha256 of the benchmark, the full
-config, the topology, whether eval was compiled and the versions of jax, jaxlib and libtpu.
-Beside the summary the entry records the sha256 of every project source file under mesh/,
-optimizations/ and benchmarks/ that was loaded when it compiled (the modules that only choose
-configs or parse command lines excepted: this one, `scale_points`, `main`, `ablate`) and of
-pyproject.toml; an entry is used only while all of them are unchanged. So a rerun with nothing
-changed compiles nothing, a change to the code a benchmark runs recompiles it, and a change to
-another benchmark's files does not. `--refresh` recompiles regardless.
+Cache: a full-size compile takes 1 to 6 minutes on a 2-core machine; compiled programs are kept
+in `--cache_dir` (`benchmarks.compile_cache`: keyed by benchmark, config, topology and compiler
+versions, checked file by file against the code that compiled them). A rerun with nothing
+changed compiles nothing; a change to the step-time model re-reads the cached programs; a change
+to the code a benchmark runs recompiles it. `--refresh` recompiles regardless.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
-import sys
-from importlib import metadata
 from typing import Any, Callable
 
 from absl import flags
@@ -114,75 +107,6 @@ def validate(point: Point, cfg) -> None:
   registry.BENCHMARKS[point.benchmark].config().validate(cfg)
 
 
-# --- the cache ----------------------------------------------------------------------------------
-
-def versions() -> str:
-  """The compiler's versions (part of every cache key)."""
-  out = []
-  for package in VERSIONED:
-    try:
-      out.append(f"{package}=={metadata.version(package)}")
-    except metadata.PackageNotFoundError:
-      out.append(f"{package} absent")
-  return ",".join(out)
-
-
-def cache_key(benchmark: str, cfg, topology: str, with_eval: bool, compiler: str) -> str:
-  """What a point compiles: the benchmark, its full config, the slice, eval or not, and the
-  compiler's versions. The code it was compiled with is checked separately (`stale`)."""
-  what = {"benchmark": benchmark, "config": dataclasses.asdict(cfg), "topology": topology,
-          "with_eval": with_eval, "compiler": compiler}
-  return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:24]
-
-
-def loaded_code(root: str = ROOT) -> list[str]:
-  """The project's Python files loaded in this process (paths relative to `root`), less the
-  modules that only choose configs or parse command lines, plus pyproject.toml: what a compile
-  summary made here depends on."""
-  files = {"pyproject.toml"}
-  for module in list(sys.modules.values()):
-    path = getattr(module, "__file__", None)
-    if not path or not path.endswith(".py"):
-      continue
-    rel = os.path.relpath(os.path.abspath(path), root).replace(os.sep, "/")
-    if rel.split("/")[0] in CODE_DIRS and rel not in NOT_CODE:
-      files.add(rel)
-  return sorted(files)
-
-
-def file_hashes(rels: list[str], root: str = ROOT) -> dict[str, str | None]:
-  out = {}
-  for rel in rels:
-    try:
-      with open(os.path.join(root, rel), "rb") as f:
-        out[rel] = hashlib.sha256(f.read()).hexdigest()
-    except OSError:
-      out[rel] = None
-  return out
-
-
-def stale(code: dict[str, str | None], root: str = ROOT) -> list[str]:
-  """The recorded files whose bytes changed (or that appeared or went) since."""
-  now = file_hashes(list(code), root)
-  return [rel for rel, h in code.items() if now[rel] != h]
-
-
-def _load(path: str) -> dict | None:
-  try:
-    with open(path) as f:
-      return json.load(f)
-  except (OSError, ValueError):
-    return None
-
-
-def _save(path: str, data: dict) -> None:
-  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-  tmp = f"{path}.{os.getpid()}.tmp"
-  with open(tmp, "w") as f:
-    json.dump(data, f, indent=1, default=float)
-  os.replace(tmp, path)
-
-
 # --- the prediction -----------------------------------------------------------------------------
 
 def predict(point: Point, summary: dict) -> dict[str, Any]:
@@ -209,31 +133,17 @@ def run(points: list[Point], output_dir: str, plot_path: str | None, cache_dir: 
         say: Callable[[str], None] = print) -> dict[str, list[dict]]:
   """Predicts every point (from the cache where it can), prints the table, writes the JSON
   and the plot. `analyze` defaults to compile_only.analyze (tests pass a stand-in)."""
-  compiler = versions()
   rows: dict[str, list[dict]] = {}
   for point in points:
     cfg = point_config(point)
     validate(point, cfg)
-    key = cache_key(point.benchmark, cfg, point.topology, with_eval, compiler)
-    path = os.path.join(cache_dir, f"{key}.json")
-    where = f"{point.benchmark} {point.chips} chips ({point.topology})"
-    cached = None if refresh else _load(path)
-    changed = (stale(cached["code"]) if "code" in cached else ["(no record)"]) if cached else []
-    if cached and not changed:
-      summary = cached["summary"]
-      say(f"{where}: cached {path}")
-    else:
-      if analyze is None:
-        analyze = _compile_only_analyze()
-      why = f" (changed since cached: {', '.join(changed[:3])})" if changed else ""
-      say(f"{where}: compiling{why} ...")
-      code = file_hashes(loaded_code())       # before: files edited while it compiles count
-      summary = analyze(point.benchmark, cfg, point.topology, with_eval=with_eval, say=say)
-      code = {**file_hashes([f for f in loaded_code() if f not in code]), **code}
-      _save(path, {"key": key, "benchmark": point.benchmark, "topology": point.topology,
-                   "code": code, "summary": summary})
-    row = {"point": dataclasses.asdict(point), "cache_key": key,
-           "prediction": predict(point, summary), "summary": summary}
+    if analyze is None:
+      analyze = _compile_only_analyze()
+    say(f"{point.benchmark} {point.chips} chips ({point.topology}) ...")
+    summary = analyze(point.benchmark, cfg, point.topology, with_eval=with_eval, say=say,
+                      cache_dir=cache_dir, refresh=refresh)
+    row = {"point": dataclasses.asdict(point), "prediction": predict(point, summary),
+           "summary": summary}
     rows.setdefault(point.benchmark, []).append(row)
     say(line(row))
   os.makedirs(output_dir, exist_ok=True)
@@ -242,7 +152,9 @@ def run(points: list[Point], output_dir: str, plot_path: str | None, cache_dir: 
     say(table(bm_rows))
   label = next(iter(rows)) if len(rows) == 1 else "all"
   out = os.path.join(output_dir, f"scale_{label}.json")
-  _save(out, {"benchmarks": rows, "within": WITHIN})
+  os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+  with open(out, "w") as f:
+    json.dump({"benchmarks": rows, "within": WITHIN}, f, indent=1, default=float)
   png = plot_path or os.path.join(output_dir, f"scale_{label}.png")
   plot(rows, png)
   say(f"wrote {out} and {png}")

@@ -296,16 +296,13 @@ def _field(cost: dict[str, Any], key: str) -> float | None:
   return float(cost[key]) if key in cost else None
 
 
-def analyze(compiled) -> dict[str, Any]:
-  """FLOPs, bytes accessed, memory and collectives per device of a `jax.stages.Compiled`.
-
-  Keys: flops_per_device, bytes_accessed, optimal_seconds (cost_analysis; None when absent;
-  optimal_seconds is XLA's own estimate, without interconnect), memory_per_device,
-  collectives ({kind: {count, bytes}}), collectives_by_group ([{kind, group_size, count,
-  bytes}]), collective_bytes_total, num_devices, ops and group_sets (see `ops`).
-  """
+def facts(compiled) -> dict[str, Any]:
+  """What `analyze` reads of a `jax.stages.Compiled`, as JSON-able data: the compiler's cost
+  analysis, memory analysis and HLO text (kept by compile-only caches, so that the reading can
+  change without compiling again)."""
   try:
-    cost = _cost_dict(compiled.cost_analysis())
+    cost = {k: float(v) for k, v in _cost_dict(compiled.cost_analysis()).items()
+            if isinstance(v, (int, float))}
   except Exception:  # pylint: disable=broad-except  # some backends do not implement it
     cost = {}
   memory = {}
@@ -314,11 +311,31 @@ def analyze(compiled) -> dict[str, Any]:
     for field in ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes",
                   "alias_size_in_bytes", "generated_code_size_in_bytes"):
       memory[field.replace("_size_in_bytes", "_bytes")] = int(getattr(m, field))
-    memory["total_bytes"] = (memory["argument_bytes"] + memory["output_bytes"]
-                             + memory["temp_bytes"] - memory["alias_bytes"])
   except Exception:  # pylint: disable=broad-except
     pass
-  text = compiled.as_text()
+  return {"cost": cost, "memory": memory, "hlo": compiled.as_text()}
+
+
+def analyze(compiled) -> dict[str, Any]:
+  """FLOPs, bytes accessed, memory and collectives per device of a `jax.stages.Compiled`
+  (`analyze_facts(facts(compiled))`)."""
+  return analyze_facts(facts(compiled))
+
+
+def analyze_facts(f: dict[str, Any]) -> dict[str, Any]:
+  """FLOPs, bytes accessed, memory and collectives per device from a compiled program's `facts`.
+
+  Keys: flops_per_device, bytes_accessed, optimal_seconds (cost_analysis; None when absent;
+  optimal_seconds is XLA's own estimate, without interconnect), memory_per_device,
+  collectives ({kind: {count, bytes}}), collectives_by_group ([{kind, group_size, count,
+  bytes}]), collective_bytes_total, num_devices, ops and group_sets (see `ops`).
+  """
+  cost = f["cost"]
+  memory = dict(f["memory"])
+  if memory:
+    memory["total_bytes"] = (memory["argument_bytes"] + memory["output_bytes"]
+                             + memory["temp_bytes"] - memory["alias_bytes"])
+  text = f["hlo"]
   num_devices = num_devices_of(text)
   colls = collectives(text, num_devices)
   summary = _by_kind(colls)

@@ -2,6 +2,7 @@
 figures against independent counts, the step-time prediction, and the refusal of a program that
 does not fit in HBM. All libtpu users are in this file (one pytest-xdist worker)."""
 
+import dataclasses
 import json
 import os
 import re
@@ -148,3 +149,38 @@ def test_pod_presets_describe_their_datasets(name):
     assert task.data.shapes is not None and task.data.steps_per_epoch > 0
     assert all(v.shape[0] == cfg.global_batch_size for v in train.values())
     assert evals["mask"].shape == (cfg.eval_batch_size or cfg.global_batch_size,)
+
+
+def test_the_compile_cache_reuses_programs_until_their_code_changes(tmp_path, monkeypatch):
+  """A compiled program's facts are cached: the same config reads them back (same summary, no
+  compile); a changed source file that compiled it makes it compile again."""
+  import gzip
+  from benchmarks import compile_only
+  cfg = helpers.tiny_resnet()
+  quiet = lambda s: None                                          # noqa: E731
+  first = compile_only.analyze("resnet", cfg, None, say=quiet, cache_dir=str(tmp_path))
+  compiles = []
+  real = compile_only.compile_facts
+  monkeypatch.setattr(compile_only, "compile_facts",
+                      lambda *a, **k: compiles.append(1) or real(*a, **k))
+  again = compile_only.analyze("resnet", cfg, None, say=quiet, cache_dir=str(tmp_path))
+  assert not compiles
+  drop = lambda s: {k: v for k, v in s.items() if k != "jax_version"}   # noqa: E731
+  assert json.dumps(drop(again), sort_keys=True) == json.dumps(drop(first), sort_keys=True)
+  other = compile_only.analyze("resnet", dataclasses.replace(cfg, global_batch_size=2 * cfg.global_batch_size),
+                               None,
+                               say=quiet, cache_dir=str(tmp_path))
+  assert compiles == [1] and other["train"]["flops_per_device"] != first["train"][
+      "flops_per_device"]
+  from benchmarks import compile_cache
+  entry = compile_cache.path_of(str(tmp_path), compile_cache.cache_key(
+      "resnet", cfg, None, True, compile_cache.versions()))
+  with gzip.open(entry, "rt") as f:
+    data = json.load(f)
+  assert "benchmarks/resnet/model.py" in data["code"] and "mesh/steptime.py" not in data["code"]
+  data["code"]["benchmarks/resnet/model.py"] = "0" * 64                # as if it was edited
+  with gzip.open(entry, "wt") as f:
+    json.dump(data, f)
+  said = []
+  compile_only.analyze("resnet", cfg, None, say=said.append, cache_dir=str(tmp_path))
+  assert compiles == [1, 1] and any("benchmarks/resnet/model.py" in s for s in said)

@@ -1,0 +1,108 @@
+"""A cache of compiled programs' facts, for compile-only runs (`benchmarks.compile_only`).
+
+A full-size pod compile takes 1 to 6 minutes on a 2-core machine. What a compile yields is kept
+as data: the compiler's cost and memory analyses and the HLO text of each step (`mesh.cost.
+facts`), with the run's context (mesh, layout, plan, dataset, device coordinates), gzipped
+JSON in `<cache_dir>/<key>.json.gz`, where key = sha256 of the benchmark, the full config, the
+topology, whether eval was compiled, and the versions of jax, jaxlib and libtpu. Beside it the
+entry records the sha256 of every project source file under mesh/, optimizations/ and
+benchmarks/ that was loaded when it compiled, and of pyproject.toml; the entry is used only
+while all of them are unchanged. The modules that *read* the facts (`mesh/cost.py`,
+`mesh/steptime.py`, `mesh/hardware.py`, `benchmarks/compile_only.py`, this one) and those that
+only choose configs or parse command lines are not part of what a program compiles: changing
+the step-time model re-reads cached programs instead of compiling them again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import hashlib
+import json
+import os
+import sys
+from importlib import metadata
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CODE_DIRS = ("mesh", "optimizations", "benchmarks")
+NOT_CODE = ("benchmarks/scale.py", "benchmarks/scale_points.py", "benchmarks/main.py",
+            "benchmarks/ablate.py", "benchmarks/compile_only.py", "benchmarks/compile_cache.py",
+            "mesh/cost.py", "mesh/steptime.py", "mesh/hardware.py")
+VERSIONED = ("jax", "jaxlib", "libtpu")
+
+
+def versions() -> str:
+  """The compiler's versions (part of every cache key)."""
+  out = []
+  for package in VERSIONED:
+    try:
+      out.append(f"{package}=={metadata.version(package)}")
+    except metadata.PackageNotFoundError:
+      out.append(f"{package} absent")
+  return ",".join(out)
+
+
+def cache_key(benchmark: str, cfg, topology: str | None, with_eval: bool, compiler: str) -> str:
+  """What a program compiles: the benchmark, its full config, the slice, eval or not, and the
+  compiler's versions. The code it was compiled with is checked separately (`stale`)."""
+  what = {"benchmark": benchmark, "config": dataclasses.asdict(cfg), "topology": topology,
+          "with_eval": with_eval, "compiler": compiler}
+  return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def loaded_code(root: str = ROOT) -> list[str]:
+  """The project's Python files loaded in this process (paths relative to `root`), less the
+  modules in NOT_CODE, plus pyproject.toml: what a compiled program depends on."""
+  files = {"pyproject.toml"}
+  for module in list(sys.modules.values()):
+    path = getattr(module, "__file__", None)
+    if not path or not path.endswith(".py"):
+      continue
+    rel = os.path.relpath(os.path.abspath(path), root).replace(os.sep, "/")
+    if rel.split("/")[0] in CODE_DIRS and rel not in NOT_CODE:
+      files.add(rel)
+  return sorted(files)
+
+
+def file_hashes(rels: list[str], root: str = ROOT) -> dict[str, str | None]:
+  out = {}
+  for rel in rels:
+    try:
+      with open(os.path.join(root, rel), "rb") as f:
+        out[rel] = hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+      out[rel] = None
+  return out
+
+
+def stale(code: dict[str, str | None], root: str = ROOT) -> list[str]:
+  """The recorded files whose bytes changed (or that appeared or went) since."""
+  now = file_hashes(list(code), root)
+  return [rel for rel, h in code.items() if now[rel] != h]
+
+
+def path_of(cache_dir: str, key: str) -> str:
+  return os.path.join(cache_dir, f"{key}.json.gz")
+
+
+def load(cache_dir: str, key: str) -> tuple[dict[str, Any] | None, list[str]]:
+  """(the entry's raw facts, []) when usable; (None, the changed files) when stale; (None, [])
+  when absent or unreadable."""
+  try:
+    with gzip.open(path_of(cache_dir, key), "rt") as f:
+      entry = json.load(f)
+  except (OSError, ValueError, EOFError):
+    return None, []
+  changed = stale(entry.get("code", {"(no record)": None}))
+  return (None, changed) if changed else (entry["raw"], [])
+
+
+def save(cache_dir: str, key: str, raw: dict[str, Any], code: dict[str, str | None]) -> str:
+  path = path_of(cache_dir, key)
+  os.makedirs(cache_dir, exist_ok=True)
+  tmp = f"{path}.{os.getpid()}.tmp"
+  with gzip.open(tmp, "wt") as f:
+    json.dump({"key": key, "code": code, "raw": raw}, f, default=float)
+  os.replace(tmp, path)
+  return path
