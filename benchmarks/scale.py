@@ -1,7 +1,7 @@
 """Google's MLPerf v0.6 TPU-v3 scaling curve, predicted: `./run.sh scale <benchmark>`.
 
   ./run.sh scale resnet [--chips=16,64,128,256,512,1024] [--output_dir=runs/scale]
-                        [--plot=PATH.png] [--cache_dir=runs/scale/cache] [--refresh]
+                        [--plot=PATH.png] [--cache_dir=runs/compile_cache] [--refresh]
   ./run.sh scale all    (resnet, ssd and transformer; one plot with three panels)
 
 For every slice Google submitted (`benchmarks.scale_points`: 16 to 1024 chips) it builds the
@@ -60,7 +60,7 @@ flags.DEFINE_string("output_dir", os.path.join("runs", "scale"),
                     "Where scale_<benchmark>.json and the plot go.", flag_values=FLAGS)
 flags.DEFINE_string("plot", None, "PNG path of the plot (default "
                     "<output_dir>/scale_<benchmark>.png).", flag_values=FLAGS)
-flags.DEFINE_string("cache_dir", os.path.join("runs", "scale", "cache"),
+flags.DEFINE_string("cache_dir", os.path.join("runs", "compile_cache"),
                     "Compile summaries by key (module docstring).", flag_values=FLAGS)
 flags.DEFINE_bool("refresh", False, "Recompile every point, ignoring the cache.",
                   flag_values=FLAGS)
