@@ -231,10 +231,10 @@ def _compile_eval(task: Task, sharder: Sharder, plan: Plan, state_shapes, batch_
     eval_args = (state_shapes["params"], state_shapes["model_state"],
                  _shape_of(eval_example, process_count, batch_shardings))
     out_sh = repl
-    if task.host_stats is not None:   # per-example outputs stay split like the batch
-      out_sh = jax.tree.map(lambda _: NamedSharding(sharder.mesh, batch_spec),
-                            jax.eval_shape(task.eval_stats, *eval_args))
-    with use(sharder):
+    with use(sharder):   # also around eval_shape: jit reuses its trace, constraints included
+      if task.host_stats is not None:   # per-example outputs stay split like the batch
+        out_sh = jax.tree.map(lambda _: NamedSharding(sharder.mesh, batch_spec),
+                              jax.eval_shape(task.eval_stats, *eval_args))
       eval_c = jax.jit(task.eval_stats, out_shardings=out_sh).lower(*eval_args).compile()
   else:
     eval_device = eval_device or jax.local_devices()[0]
