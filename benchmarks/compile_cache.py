@@ -28,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CODE_DIRS = ("mesh", "optimizations", "benchmarks")
 NOT_CODE = ("benchmarks/scale.py", "benchmarks/scale_points.py", "benchmarks/main.py",
             "benchmarks/ablate.py", "benchmarks/compile_only.py", "benchmarks/compile_cache.py",
-            "mesh/cost.py", "mesh/steptime.py", "mesh/hardware.py")
+            "mesh/cost.py", "mesh/steptime.py", "mesh/hardware.py", "mesh/hlo_loops.py")
 VERSIONED = ("jax", "jaxlib", "libtpu")
 
 

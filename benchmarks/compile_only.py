@@ -165,8 +165,9 @@ def _step(cost: dict[str, Any], device, topo, coords) -> dict[str, Any]:
   """One compiled step's figures, its fit in HBM and (on a TPU slice) its modelled time."""
   memory = cost.get("memory_per_device", {})
   total = memory.get("total_bytes")
-  out = {k: cost.get(k) for k in ("flops_per_device", "bytes_accessed", "optimal_seconds",
-                                  "memory_per_device", "collectives", "collective_bytes_total")}
+  out = {k: cost.get(k) for k in ("flops_per_device", "xla_flops_per_device", "bytes_accessed",
+                                  "optimal_seconds", "memory_per_device", "collectives",
+                                  "collective_bytes_total", "loops", "loops_unknown_trips")}
   out["collectives_by_group"] = cost.get("collectives_by_group")
   out["hbm_bytes_per_device"] = device["hbm_bytes"] if device else None
   out["fits"] = None if device is None or total is None else total <= device["hbm_bytes"]

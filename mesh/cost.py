@@ -41,6 +41,8 @@ import dataclasses
 import re
 from typing import Any
 
+from mesh import hlo_loops
+
 import numpy as np
 
 KINDS = ("all-reduce", "reduce-scatter", "all-gather", "collective-permute", "all-to-all")
@@ -75,6 +77,7 @@ class Collective:
   group_size: int = 0                       # devices per group; 0 when not known
   all_devices: bool = False                 # printed `{}` / absent: one group of every device
   dtype: str = ""                           # element type(s) of the result
+  repeat: int = 1                           # runs per step (trip counts of enclosing loops)
 
   @property
   def num_groups(self) -> int:
@@ -217,8 +220,14 @@ def collectives(hlo_text: str, num_devices: int | None = None) -> list[Collectiv
   """
   if num_devices is None:
     num_devices = num_devices_of(hlo_text)
+  runs, _ = hlo_loops.multipliers(hlo_text)
   out = []
+  computation = None
   for line in hlo_text.splitlines():
+    c = hlo_loops.COMP.match(line)
+    if c:
+      computation = c.group("name")
+      continue
     m = _OP.search(line)
     if not m or m.group("suffix") == "-done":
       continue
@@ -232,7 +241,8 @@ def collectives(hlo_text: str, num_devices: int | None = None) -> list[Collectiv
     groups, everyone = parse_groups(raw, num_devices)
     group_size = 2 if is_pairs else (len(groups[0]) if groups else 0)
     dtype = ",".join(sorted({d for d, _ in shapes}))
-    out.append(Collective(kind, size, raw, line.strip(), groups, group_size, everyone, dtype))
+    out.append(Collective(kind, size, raw, line.strip(), groups, group_size, everyone, dtype,
+                          runs.get(computation, 1)))
   return out
 
 
@@ -244,8 +254,8 @@ def collective_summary(hlo_text: str) -> dict[str, dict[str, int]]:
 def _by_kind(colls: list[Collective]) -> dict[str, dict[str, int]]:
   summary = {k: {"count": 0, "bytes": 0} for k in KINDS}
   for c in colls:
-    summary[c.kind]["count"] += 1
-    summary[c.kind]["bytes"] += c.bytes
+    summary[c.kind]["count"] += c.repeat
+    summary[c.kind]["bytes"] += c.bytes * c.repeat
   return summary
 
 
@@ -255,8 +265,8 @@ def summary_by_group(colls: list[Collective]) -> list[dict[str, Any]]:
   for c in colls:
     row = acc.setdefault((c.kind, c.group_size),
                          {"kind": c.kind, "group_size": c.group_size, "count": 0, "bytes": 0})
-    row["count"] += 1
-    row["bytes"] += c.bytes
+    row["count"] += c.repeat
+    row["bytes"] += c.bytes * c.repeat
   return [acc[k] for k in sorted(acc, key=lambda k: (KINDS.index(k[0]), k[1]))]
 
 
@@ -276,7 +286,8 @@ def ops(colls: list[Collective]) -> tuple[list[dict[str, Any]], list[list[list[i
     if k == len(sets):
       sets.append([list(g) for g in c.groups])
     out.append({"kind": c.kind, "bytes": c.bytes, "dtype": c.dtype, "group_size": c.group_size,
-                "num_groups": c.num_groups, "all_devices": c.all_devices, "group_set": k})
+                "num_groups": c.num_groups, "all_devices": c.all_devices, "group_set": k,
+                "repeat": c.repeat})
   return out, sets
 
 
@@ -336,12 +347,18 @@ def analyze_facts(f: dict[str, Any]) -> dict[str, Any]:
     memory["total_bytes"] = (memory["argument_bytes"] + memory["output_bytes"]
                              + memory["temp_bytes"] - memory["alias_bytes"])
   text = f["hlo"]
+  loops = hlo_loops.loop_flops(text)
   num_devices = num_devices_of(text)
   colls = collectives(text, num_devices)
   summary = _by_kind(colls)
   op_list, group_sets = ops(colls)
   return {
-      "flops_per_device": float(cost.get("flops", 0.0)) if cost else None,
+      # XLA counts a loop body once; the dots and convolutions of its other runs are added.
+      "flops_per_device": (float(cost.get("flops", 0.0)) + loops["extra_flops"]
+                           if cost else None),
+      "xla_flops_per_device": float(cost["flops"]) if "flops" in cost else None,
+      "loops": loops["loops"],
+      "loops_unknown_trips": loops["unknown_trips"],
       "bytes_accessed": _field(cost, "bytes accessed"),
       "optimal_seconds": _field(cost, "optimal_seconds"),
       "memory_per_device": memory,

@@ -267,8 +267,10 @@ def model(cost: dict[str, Any], gen: hardware.Generation, megacore: bool,
     if key is not None and op["kind"] != "collective-permute" and key not in geos:
       geos[key] = geometries(groups, device_coords, chips, wraparound)
     got = price(op, groups, gen, device_coords, chips, wraparound, geos.get(key))
+    repeat = op.get("repeat", 1)              # an op inside a loop runs once per trip
+    got = {**got, "seconds": got["seconds"] * repeat}
     priced.append({"kind": op["kind"], "bytes": op["bytes"], "group_size": op["group_size"],
-                   "num_groups": op["num_groups"], **got})
+                   "num_groups": op["num_groups"], "repeat": repeat, **got})
   collective_s = sum(p["seconds"] for p in priced)
   bound_s = max(compute_s, memory_s)
   if overlap == "none":

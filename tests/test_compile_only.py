@@ -184,3 +184,18 @@ def test_the_compile_cache_reuses_programs_until_their_code_changes(tmp_path, mo
   said = []
   compile_only.analyze("resnet", cfg, None, say=said.append, cache_dir=str(tmp_path))
   assert compiles == [1, 1] and any("benchmarks/resnet/model.py" in s for s in said)
+
+
+@needs_libtpu
+def test_loop_trips_counted_in_tpu_programs():
+  """TPU HLO drops fori_loop's known_trip_count; the trips are read from the loop (i < 2 from
+  0), so gradient accumulation's 2 micro-batches count the FLOPs of the whole batch (XLA's
+  cost analysis alone counts the loop body once: half)."""
+  from benchmarks import compile_only
+  topology.prepare_host()
+  out = {}
+  for opts in ("none", "grad_accum:2"):
+    s = compile_only.analyze("resnet", _tiny_resnet(optimizations=opts), "v3:2x2",
+                             with_eval=False, say=lambda s: None)
+    out[opts] = s["train"]["flops_per_device"]
+  assert out["grad_accum:2"] == pytest.approx(out["none"], rel=0.15)

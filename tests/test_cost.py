@@ -132,7 +132,7 @@ def test_summary_by_group_and_ops():
   assert len(op_list) == len(colls) == 7
   first = op_list[0]
   assert first == {"kind": "all-reduce", "bytes": 1024 * 4 + 16 * 16 * 2, "dtype": "bf16,f32",
-                   "group_size": 4, "num_groups": 1, "all_devices": False, "group_set": 0}
+                   "group_size": 4, "num_groups": 1, "all_devices": False, "group_set": 0, "repeat": 1}
   assert sets[first["group_set"]] == [[0, 1, 2, 3]]
   assert sets[op_list[-1]["group_set"]] == [[0, 1, 2, 3], [4, 5, 6, 7]]
   json.dumps({"ops": op_list, "sets": sets})
@@ -251,3 +251,39 @@ def test_tpu_collective_permute_pairs():
   perms = [c for c in _tpu_collectives(lambda y: jnp.roll(y, 1, axis=0), y)
            if c.kind == "collective-permute"]
   assert perms and set(perms[0].groups) == {(i, (i + 1) % 8) for i in range(8)}
+
+
+def test_loops_count_their_trips():
+  """cost_analysis counts a loop body once; `analyze` adds the other trips' dots (and
+  convolutions) and counts a collective in a loop once per trip."""
+  from mesh import hlo_loops
+  mesh = jax.make_mesh((8,), ("x",), axis_types=(AxisType.Explicit,))
+  w = jnp.ones((128, 128))
+  matmul = 2 * 64 * 128 * 128
+
+  def body(_, y):
+    return jax.lax.psum(y @ w, "x")                  # a (64, 128) f32 all-reduce per trip
+
+  def f(a):
+    return jax.lax.fori_loop(0, 10, body, a)
+
+  fn = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P(), out_specs=P()))
+  compiled = fn.lower(jnp.ones((64, 128))).compile()
+  a = cost.analyze(compiled)
+  assert a["xla_flops_per_device"] < 2 * matmul                      # XLA: the body once
+  assert a["flops_per_device"] == pytest.approx(10 * matmul, rel=0.01)
+  assert a["loops"] == [{"body": a["loops"][0]["body"], "trips": 10, "runs": 1}]
+  assert a["collectives"]["all-reduce"] == {"count": 10, "bytes": 10 * 64 * 128 * 4}
+  # Nested loops multiply; a convolution counts 2 x output x kernel (less output features).
+  img, k = jnp.ones((2, 16, 16, 4)), jnp.ones((3, 3, 4, 8))
+
+  def conv(a):
+    def inner(_, s):       # depends on the carry: not hoisted out of the loop
+      return s + jax.lax.conv_general_dilated(img * s, k, (1, 1), "SAME",
+                                              dimension_numbers=("NHWC", "HWIO", "NHWC")).sum()
+    return jax.lax.fori_loop(0, 3, lambda _, s: jax.lax.fori_loop(0, 4, inner, s), a)
+
+  text = jax.jit(conv).lower(0.0).compile().as_text()
+  runs, loops = hlo_loops.multipliers(text)
+  assert sorted((lp["trips"], lp["runs"]) for lp in loops) == [(3, 1), (4, 3)]
+  assert hlo_loops.loop_flops(text)["extra_flops"] == 11 * 2 * (2 * 16 * 16 * 8) * (3 * 3 * 4)
