@@ -16,6 +16,7 @@ the step-time model re-reads cached programs instead of compiling them again.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import gzip
 import hashlib
 import json
@@ -26,9 +27,19 @@ from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CODE_DIRS = ("mesh", "optimizations", "benchmarks")
+# Not what a program is compiled from: the modules that read compiled programs, those that
+# choose configs or parse command lines, and declarations (configs, specs, the registry: the
+# config's values are part of the key).
 NOT_CODE = ("benchmarks/scale.py", "benchmarks/scale_points.py", "benchmarks/main.py",
             "benchmarks/ablate.py", "benchmarks/compile_only.py", "benchmarks/compile_cache.py",
-            "mesh/cost.py", "mesh/steptime.py", "mesh/hardware.py", "mesh/hlo_loops.py")
+            "mesh/cost.py", "mesh/steptime.py", "mesh/hardware.py", "mesh/hlo_loops.py",
+            "benchmarks/task.py", "benchmarks/config.py", "benchmarks/registry.py",
+            "benchmarks/*/config.py")
+
+
+def compiled_from(rel: str) -> bool:
+  """Whether a project file (path relative to the root) is code a program is compiled from."""
+  return rel.split("/")[0] in CODE_DIRS and not any(fnmatch.fnmatch(rel, p) for p in NOT_CODE)
 VERSIONED = ("jax", "jaxlib", "libtpu")
 
 
@@ -60,7 +71,7 @@ def loaded_code(root: str = ROOT) -> list[str]:
     if not path or not path.endswith(".py"):
       continue
     rel = os.path.relpath(os.path.abspath(path), root).replace(os.sep, "/")
-    if rel.split("/")[0] in CODE_DIRS and rel not in NOT_CODE:
+    if compiled_from(rel):
       files.add(rel)
   return sorted(files)
 
@@ -77,7 +88,9 @@ def file_hashes(rels: list[str], root: str = ROOT) -> dict[str, str | None]:
 
 
 def stale(code: dict[str, str | None], root: str = ROOT) -> list[str]:
-  """The recorded files whose bytes changed (or that appeared or went) since."""
+  """The recorded files whose bytes changed (or that appeared or went) since; files recorded
+  that are no longer counted as compiled-from code (NOT_CODE) are ignored."""
+  code = {rel: h for rel, h in code.items() if rel == "pyproject.toml" or compiled_from(rel)}
   now = file_hashes(list(code), root)
   return [rel for rel, h in code.items() if now[rel] != h]
 

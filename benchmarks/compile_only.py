@@ -120,8 +120,11 @@ def summarize(raw: dict[str, Any], cfg) -> dict[str, Any]:
   train = evals = prediction = None
   if raw["refused"] is None:
     train = _step(cost.analyze_facts(raw["train"]), device, topo, coords)
-    evals = _step(cost.analyze_facts(raw["eval"]), device, topo, coords) if raw["eval"] else None
     spec = registry.BENCHMARKS[raw["benchmark"]].spec
+    # A data-dependent loop in the eval (beam search) runs at most the bound the benchmark names.
+    bound = int(getattr(cfg, spec.eval_loop_bound)) if spec.eval_loop_bound else None
+    evals = (_step(cost.analyze_facts(raw["eval"], bound), device, topo, coords)
+             if raw["eval"] else None)
     prediction = _prediction(cfg, timeline(cfg, spec, raw["dataset"]["steps_per_epoch"]),
                              raw["dataset"]["eval_steps"], train, evals)
   summary = {

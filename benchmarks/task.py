@@ -29,6 +29,9 @@ class Spec:
   higher_is_better: bool = True    # False: the run succeeds at or below the target
   cadence: str = "epochs"          # "epochs": evaluate after eval_every epochs or eval_epochs;
                                    # "samples": every eval_every_samples training samples
+  eval_loop_bound: str = ""        # the Config field that bounds the trips of a loop in the
+                                   # eval step that ends on a condition (beam search's most
+                                   # decoded tokens); compile-only models price that many
 
   def __post_init__(self):
     if self.cadence not in ("epochs", "samples"):

@@ -213,14 +213,15 @@ def num_devices_of(hlo_text: str) -> int | None:
   return int(found.get("num_partitions", 1)) * int(found.get("replica_count", 1))
 
 
-def collectives(hlo_text: str, num_devices: int | None = None) -> list[Collective]:
+def collectives(hlo_text: str, num_devices: int | None = None,
+                unknown_trips: int | None = None) -> list[Collective]:
   """Every collective op in an HLO module's text, with the bytes of its result and its groups.
 
   `num_devices` resolves `{}` (all devices); by default it is read from the module header.
   """
   if num_devices is None:
     num_devices = num_devices_of(hlo_text)
-  runs, _ = hlo_loops.multipliers(hlo_text)
+  runs, _ = hlo_loops.multipliers(hlo_text, unknown_trips)
   out = []
   computation = None
   for line in hlo_text.splitlines():
@@ -333,13 +334,15 @@ def analyze(compiled) -> dict[str, Any]:
   return analyze_facts(facts(compiled))
 
 
-def analyze_facts(f: dict[str, Any]) -> dict[str, Any]:
+def analyze_facts(f: dict[str, Any], unknown_trips: int | None = None) -> dict[str, Any]:
   """FLOPs, bytes accessed, memory and collectives per device from a compiled program's `facts`.
 
   Keys: flops_per_device, bytes_accessed, optimal_seconds (cost_analysis; None when absent;
   optimal_seconds is XLA's own estimate, without interconnect), memory_per_device,
   collectives ({kind: {count, bytes}}), collectives_by_group ([{kind, group_size, count,
   bytes}]), collective_bytes_total, num_devices, ops and group_sets (see `ops`).
+  `unknown_trips`: trips assumed for loops whose count the HLO does not show (see
+  `mesh.hlo_loops.multipliers`).
   """
   cost = f["cost"]
   memory = dict(f["memory"])
@@ -347,9 +350,9 @@ def analyze_facts(f: dict[str, Any]) -> dict[str, Any]:
     memory["total_bytes"] = (memory["argument_bytes"] + memory["output_bytes"]
                              + memory["temp_bytes"] - memory["alias_bytes"])
   text = f["hlo"]
-  loops = hlo_loops.loop_flops(text)
+  loops = hlo_loops.loop_flops(text, unknown_trips)
   num_devices = num_devices_of(text)
-  colls = collectives(text, num_devices)
+  colls = collectives(text, num_devices, unknown_trips)
   summary = _by_kind(colls)
   op_list, group_sets = ops(colls)
   return {

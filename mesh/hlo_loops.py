@@ -130,8 +130,11 @@ def _inferred_trips(ins, comps, by_name) -> int | None:
   return None if start is None else max(0, limit - start)
 
 
-def multipliers(hlo_text: str) -> tuple[dict[str, int], list[dict[str, Any]]]:
-  """({computation: runs per step}, [{body, trips (None: unknown), runs}] for every while)."""
+def multipliers(hlo_text: str, unknown_trips: int | None = None
+                ) -> tuple[dict[str, int], list[dict[str, Any]]]:
+  """({computation: runs per step}, [{body, trips (None: unknown), runs}] for every while).
+  `unknown_trips`: the trips assumed for a loop whose count the HLO does not show (a bound the
+  caller knows, e.g. beam search's most decoded tokens); None: such a body runs once."""
   comps, entry = parse(hlo_text)
   by_name = {ins["name"]: ins for body in comps.values() for ins in body}
   mult: dict[str, int] = {}
@@ -148,8 +151,9 @@ def multipliers(hlo_text: str) -> tuple[dict[str, int], list[dict[str, Any]]]:
         trips = _TRIPS.search(rest)
         n = int(trips.group("n")) if trips else _inferred_trips(ins, comps, by_name)
         body, cond = _BODY.search(rest), _COND.search(rest)
-        loops.append({"body": body.group("c") if body else None, "trips": n, "runs": m})
-        inner = m * (n or 1)
+        loops.append({"body": body.group("c") if body else None, "trips": n, "runs": m,
+                      "assumed": None if n is not None else unknown_trips})
+        inner = m * (n if n is not None else (unknown_trips or 1))
         for c in (body, cond):
           if c:
             stack.append((c.group("c"), inner))
@@ -180,11 +184,11 @@ def _flops(ins: dict[str, str], shapes: dict[str, str]) -> float:
   return 0.0
 
 
-def loop_flops(hlo_text: str) -> dict[str, Any]:
+def loop_flops(hlo_text: str, unknown_trips: int | None = None) -> dict[str, Any]:
   """FLOPs of dots and convolutions that run more than once per step beyond their first run
   (what cost_analysis leaves out), and the loops: {"extra_flops", "loops", "unknown_trips"}."""
   comps, _ = parse(hlo_text)
-  mult, loops = multipliers(hlo_text)
+  mult, loops = multipliers(hlo_text, unknown_trips)
   shapes = {ins["name"]: ins["shape"] for body in comps.values() for ins in body}
   extra = 0.0
   for name, body in comps.items():

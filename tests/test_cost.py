@@ -272,7 +272,8 @@ def test_loops_count_their_trips():
   a = cost.analyze(compiled)
   assert a["xla_flops_per_device"] < 2 * matmul                      # XLA: the body once
   assert a["flops_per_device"] == pytest.approx(10 * matmul, rel=0.01)
-  assert a["loops"] == [{"body": a["loops"][0]["body"], "trips": 10, "runs": 1}]
+  assert a["loops"] == [{"body": a["loops"][0]["body"], "trips": 10, "runs": 1,
+                         "assumed": None}]
   assert a["collectives"]["all-reduce"] == {"count": 10, "bytes": 10 * 64 * 128 * 4}
   # Nested loops multiply; a convolution counts 2 x output x kernel (less output features).
   img, k = jnp.ones((2, 16, 16, 4)), jnp.ones((3, 3, 4, 8))
@@ -287,3 +288,21 @@ def test_loops_count_their_trips():
   runs, loops = hlo_loops.multipliers(text)
   assert sorted((lp["trips"], lp["runs"]) for lp in loops) == [(3, 1), (4, 3)]
   assert hlo_loops.loop_flops(text)["extra_flops"] == 11 * 2 * (2 * 16 * 16 * 8) * (3 * 3 * 4)
+
+
+def test_a_loop_that_ends_on_a_condition_runs_the_bound_it_is_given():
+  """A while_loop whose end depends on data (like beam search) shows no trip count; its body
+  counts once, or as many times as the caller's bound says."""
+  from mesh import hlo_loops
+  w = jnp.ones((128, 128))
+
+  def f(a):
+    return jax.lax.while_loop(lambda c: c[1].sum() < 1e9, lambda c: (c[0] + 1, c[1] @ w),
+                              (0, a))[1]
+
+  text = jax.jit(f).lower(jnp.ones((64, 128))).compile().as_text()
+  assert [lp["trips"] for lp in hlo_loops.multipliers(text)[1]] == [None]
+  assert hlo_loops.loop_flops(text)["extra_flops"] == 0
+  bounded = hlo_loops.loop_flops(text, unknown_trips=5)
+  assert bounded["extra_flops"] == 4 * 2 * 64 * 128 * 128
+  assert bounded["loops"][0]["assumed"] == 5 and bounded["unknown_trips"] == 1

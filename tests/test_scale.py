@@ -104,6 +104,11 @@ def test_cached_code_is_checked_file_by_file(tmp_path):
   assert compile_cache.stale(code, str(tmp_path)) == ["mesh/a.py"]
   (tmp_path / "benchmarks/b.py").unlink()
   assert compile_cache.stale(code, str(tmp_path)) == ["mesh/a.py", "benchmarks/b.py"]
+  # Declarations and readers of compiled programs are not what a program compiles from.
+  (tmp_path / "mesh/steptime.py").write_text("x = 1\n")
+  code = compile_cache.file_hashes(["mesh/steptime.py", "mesh/a.py"], str(tmp_path))
+  (tmp_path / "mesh/steptime.py").write_text("x = 2\n")
+  assert compile_cache.stale(code, str(tmp_path)) == []
 
 
 def test_loaded_code_is_the_compile_path_not_the_point_tables():
@@ -112,6 +117,7 @@ def test_loaded_code_is_the_compile_path_not_the_point_tables():
   assert "benchmarks/scale.py" not in loaded and "benchmarks/scale_points.py" not in loaded
   # What reads compiled programs is not what compiles them: the model can change, cached.
   assert "mesh/steptime.py" not in loaded and "mesh/cost.py" not in loaded
+  assert "benchmarks/task.py" not in loaded and "benchmarks/resnet/config.py" not in loaded
   assert all(rel.split("/")[0] in ("mesh", "optimizations", "benchmarks")
              for rel in loaded if rel != "pyproject.toml")
 
