@@ -260,7 +260,8 @@ def report(summary: dict[str, Any]) -> str:
           lines.append(f"  {kind:<18} {v['count']:>5}x: {_mib(v['bytes'])} per device")
     model = step["model"]
     xla = step["optimal_seconds"]
-    xla_s = "" if xla is None else f"; XLA's estimate {_ms(xla)} (no interconnect)"
+    xla_s = ("" if xla is None else f"; XLA's estimate {_ms(xla)} (no interconnect)" if xla >= 0
+             else f"; XLA's estimate is negative ({xla:.3g} s): unusable")
     if model:
       lines.append(f"  model: compute {_ms(model['compute_s'])}, HBM {_ms(model['memory_s'])}, "
                    f"collectives {_ms(model['collective_s'])} -> step {_ms(model['step_s'])} "
