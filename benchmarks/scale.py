@@ -138,7 +138,7 @@ def run(points: list[Point], output_dir: str, plot_path: str | None, cache_dir: 
     cfg = point_config(point)
     validate(point, cfg)
     if analyze is None:
-      analyze = _compile_only_analyze()
+      analyze = _compile_only_analyze(point.topology)
     say(f"{point.benchmark} {point.chips} chips ({point.topology}) ...")
     summary = analyze(point.benchmark, cfg, point.topology, with_eval=with_eval, say=say,
                       cache_dir=cache_dir, refresh=refresh)
@@ -161,9 +161,10 @@ def run(points: list[Point], output_dir: str, plot_path: str | None, cache_dir: 
   return rows
 
 
-def _compile_only_analyze():
+def _compile_only_analyze(topology_name: str):
   from mesh import topology  # pylint: disable=import-outside-toplevel
-  topology.prepare_host()    # before jax starts: the host backend stays on CPU
+  # Before jax starts: the host backend stays on CPU; naming a v3 slice keeps libtpu quiet.
+  topology.prepare_host(topology.parse(topology_name))
   from benchmarks import compile_only  # pylint: disable=import-outside-toplevel
   return compile_only.analyze
 
