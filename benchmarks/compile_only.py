@@ -37,12 +37,14 @@ GiB = 1 << 30
 
 def analyze(benchmark: str, cfg, topology_name: str | None, *, with_eval: bool = True,
             say: Callable[[str], None] = print, cache_dir: str | None = None,
-            refresh: bool = False) -> dict[str, Any]:
+            refresh: bool = False, overlap: str = "none") -> dict[str, Any]:
   """Compiles `cfg` of `benchmark` for the named slice (None: this machine's devices) and
   returns the summary (JSON-able). A program that does not fit in HBM is summarized with
   `summary["fits"]` False; `refuse(summary)` turns that into a UserError. With `cache_dir`, a
   program compiled before with the same config and code is read from the cache
-  (`benchmarks.compile_cache`) instead of compiled again (`refresh`: compiled regardless)."""
+  (`benchmarks.compile_cache`) instead of compiled again (`refresh`: compiled regardless).
+  `overlap`: the step-time model's assumption, "none" (collectives after compute, the default
+  upper bound) or "full" (collectives hidden behind compute)."""
   key = None
   if cache_dir:
     key = compile_cache.cache_key(benchmark, cfg, topology_name, with_eval,
@@ -50,7 +52,7 @@ def analyze(benchmark: str, cfg, topology_name: str | None, *, with_eval: bool =
     raw, changed = (None, []) if refresh else compile_cache.load(cache_dir, key)
     if raw is not None:
       say(f"{benchmark}: compiled before, read from {compile_cache.path_of(cache_dir, key)}")
-      return summarize(raw, cfg)
+      return summarize(raw, cfg, overlap)
     if changed:
       say(f"{benchmark}: recompiling, changed since cached: {', '.join(changed[:3])}")
     code = compile_cache.file_hashes(compile_cache.loaded_code())
@@ -59,7 +61,7 @@ def analyze(benchmark: str, cfg, topology_name: str | None, *, with_eval: bool =
     code = {**compile_cache.file_hashes([f for f in compile_cache.loaded_code()
                                          if f not in code]), **code}
     compile_cache.save(cache_dir, key, raw, code)
-  return summarize(raw, cfg)
+  return summarize(raw, cfg, overlap)
 
 
 def compile_facts(benchmark: str, cfg, topology_name: str | None, *, with_eval: bool = True,
@@ -110,7 +112,7 @@ def compile_facts(benchmark: str, cfg, topology_name: str | None, *, with_eval: 
   }
 
 
-def summarize(raw: dict[str, Any], cfg) -> dict[str, Any]:
+def summarize(raw: dict[str, Any], cfg, overlap: str = "none") -> dict[str, Any]:
   """The summary of compiled facts: per step, the figures, the fit in HBM and the modelled
   time; the predicted minutes for `cfg`'s epochs and evaluation cadence."""
   name = raw["topology_name"]
@@ -119,11 +121,11 @@ def summarize(raw: dict[str, Any], cfg) -> dict[str, Any]:
   coords = [tuple(c) for c in raw["coords"]] if raw["coords"] else None
   train = evals = prediction = None
   if raw["refused"] is None:
-    train = _step(cost.analyze_facts(raw["train"]), device, topo, coords)
+    train = _step(cost.analyze_facts(raw["train"]), device, topo, coords, overlap)
     spec = registry.BENCHMARKS[raw["benchmark"]].spec
     # A data-dependent loop in the eval (beam search) runs at most the bound the benchmark names.
     bound = int(getattr(cfg, spec.eval_loop_bound)) if spec.eval_loop_bound else None
-    evals = (_step(cost.analyze_facts(raw["eval"], bound), device, topo, coords)
+    evals = (_step(cost.analyze_facts(raw["eval"], bound), device, topo, coords, overlap)
              if raw["eval"] else None)
     prediction = _prediction(cfg, timeline(cfg, spec, raw["dataset"]["steps_per_epoch"]),
                              raw["dataset"]["eval_steps"], train, evals)
@@ -164,7 +166,7 @@ def _topology_summary(topo, raw, device) -> dict[str, Any]:
                                                  topo.chips))}
 
 
-def _step(cost: dict[str, Any], device, topo, coords) -> dict[str, Any]:
+def _step(cost: dict[str, Any], device, topo, coords, overlap: str = "none") -> dict[str, Any]:
   """One compiled step's figures, its fit in HBM and (on a TPU slice) its modelled time."""
   memory = cost.get("memory_per_device", {})
   total = memory.get("total_bytes")
@@ -179,7 +181,7 @@ def _step(cost: dict[str, Any], device, topo, coords) -> dict[str, Any]:
     from mesh import steptime  # pylint: disable=import-outside-toplevel
     gen = hardware.GENERATIONS[topo.generation]
     out["model"] = steptime.model(cost, gen, topo.megacore, coords, topo.chips,
-                                  hardware.wraparound(gen, topo.chips))
+                                  hardware.wraparound(gen, topo.chips), overlap)
   return out
 
 

@@ -65,6 +65,9 @@ flags.DEFINE_string("cache_dir", os.path.join("runs", "compile_cache"),
 flags.DEFINE_bool("refresh", False, "Recompile every point, ignoring the cache.",
                   flag_values=FLAGS)
 flags.DEFINE_bool("with_eval", True, "Compile and time the eval step too.", flag_values=FLAGS)
+flags.DEFINE_enum("overlap", "none", ["none", "full"], "The step-time model's overlap of "
+                  "collectives with compute: none (upper bound) or full (lower bound).",
+                  flag_values=FLAGS)
 
 
 # --- points and configs (no jax) ----------------------------------------------------------------
@@ -130,7 +133,7 @@ def predict(point: Point, summary: dict) -> dict[str, Any]:
 
 def run(points: list[Point], output_dir: str, plot_path: str | None, cache_dir: str,
         refresh: bool = False, with_eval: bool = True, analyze: Callable | None = None,
-        say: Callable[[str], None] = print) -> dict[str, list[dict]]:
+        say: Callable[[str], None] = print, overlap: str = "none") -> dict[str, list[dict]]:
   """Predicts every point (from the cache where it can), prints the table, writes the JSON
   and the plot. `analyze` defaults to compile_only.analyze (tests pass a stand-in)."""
   rows: dict[str, list[dict]] = {}
@@ -141,6 +144,7 @@ def run(points: list[Point], output_dir: str, plot_path: str | None, cache_dir: 
       analyze = _compile_only_analyze(point.topology)
     say(f"{point.benchmark} {point.chips} chips ({point.topology}) ...")
     summary = analyze(point.benchmark, cfg, point.topology, with_eval=with_eval, say=say,
+                      overlap=overlap,
                       cache_dir=cache_dir, refresh=refresh)
     row = {"point": dataclasses.asdict(point), "prediction": predict(point, summary),
            "summary": summary}
@@ -254,7 +258,8 @@ def main(argv: list[str]) -> int:
   if extra:
     raise UserError(f"unexpected argument '{extra[0]}'; flags are written --name=value")
   points = select(rest[0], parse_chips(FLAGS.chips))
-  run(points, FLAGS.output_dir, FLAGS.plot, FLAGS.cache_dir, FLAGS.refresh, FLAGS.with_eval)
+  run(points, FLAGS.output_dir, FLAGS.plot, FLAGS.cache_dir, FLAGS.refresh, FLAGS.with_eval,
+      overlap=FLAGS.overlap)
   return 0
 
 

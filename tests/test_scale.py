@@ -141,7 +141,7 @@ def test_the_verb_writes_table_json_plot(tmp_path):
   points = scale.select("transformer", [16, 64])
   calls, said = [], []
 
-  def analyze(benchmark, cfg, topology, *, with_eval, say, cache_dir, refresh):
+  def analyze(benchmark, cfg, topology, *, with_eval, say, cache_dir, refresh, overlap):
     calls.append((benchmark, cfg.global_batch_size, cfg.mesh, topology, with_eval, cache_dir,
                   refresh))
     return _fake_summary()
