@@ -112,14 +112,3 @@ def split_rows(bucket: jax.Array, like_rows: Any) -> Any:
     out.append(bucket[:, i:i + m].astype(x.dtype))
     i += m
   return jax.tree.unflatten(treedef, out)
-
-
-def group_mean(x: jax.Array, axes: tuple[str, ...], replicas_per_group: int) -> jax.Array:
-  """Inside shard_map over `axes`: the mean of `x` over this replica's group of
-  `replicas_per_group` consecutive replicas (x-major order, as the batch is laid out)."""
-  if replicas_per_group == 1:
-    return x
-  everyone = jax.lax.all_gather(x, axes, axis=0)               # (R, ...)
-  r = everyone.shape[0]
-  groups = everyone.reshape((r // replicas_per_group, replicas_per_group) + x.shape).mean(1)
-  return groups[jax.lax.axis_index(axes) // replicas_per_group]
