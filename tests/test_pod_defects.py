@@ -9,7 +9,6 @@ showed, each checked on 8 simulated CPU devices by the collectives of the compil
 
 import dataclasses
 import itertools
-import re
 
 import jax
 import jax.numpy as jnp
@@ -27,60 +26,11 @@ from mesh import cost
 from mesh.sharding import manual
 from tests import helpers
 
-# --- replica groups as printed in CPU HLO -------------------------------------------------------
-
-_EXPLICIT = re.compile(r"(?:replica_groups|source_target_pairs)=\{((?:\{[0-9,]*\},?)*)\}")
-_IOTA = re.compile(r"replica_groups=\[([0-9,]+)\]<=\[([0-9,]+)\](?:T\(([0-9,]+)\))?")
-_MESH = re.compile(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}")
-
-
-def _ints(text: str) -> list[int]:
-  return [int(v) for v in text.split(",") if v]
-
-
-def groups_in(line: str) -> frozenset[tuple[int, ...]]:
-  """The replica groups of a collective's HLO line as a set of device-id tuples (for a
-  collective-permute its source-target pairs), in any of the three forms CPU HLO prints: explicit (`{{0,1},{2,3}}`), iota
-  (`[2,4]<=[8]`, `[4,2]<=[2,4]T(1,0)`: the devices in order, reshaped/transposed, one group a
-  row) or the SPMD partitioner's mesh form (`mesh['axis_0'=4,'axis_1'=2] {'axis_1'}`: the
-  devices in order over the named axes, grouped over the axes in braces)."""
-  m = _EXPLICIT.search(line)
-  if m:
-    return frozenset(tuple(_ints(g)) for g in re.findall(r"\{([0-9,]+)\}", m.group(1)))
-  m = _IOTA.search(line)
-  if m:
-    shape, dims = _ints(m.group(1)), _ints(m.group(2))
-    ids = np.arange(int(np.prod(dims))).reshape(dims)
-    if m.group(3):
-      ids = ids.transpose(_ints(m.group(3)))
-    return frozenset(tuple(int(d) for d in g) for g in ids.reshape(shape))
-  m = _MESH.search(line)
-  if m:
-    axes = [(a.split("=")[0].strip("' "), int(a.split("=")[1])) for a in m.group(1).split(",")]
-    over = {a.strip("' ") for a in m.group(2).split(",")}
-    ids = np.arange(int(np.prod([n for _, n in axes]))).reshape([n for _, n in axes])
-    keep = [i for i, (a, _) in enumerate(axes) if a not in over]
-    moved = np.moveaxis(ids, keep, list(range(len(keep))))
-    width = int(np.prod([n for a, n in axes if a in over]))
-    return frozenset(tuple(int(d) for d in g) for g in moved.reshape(-1, width))
-  raise AssertionError(f"replica groups not understood: {line}")
-
-
 def groups_of(c: cost.Collective) -> frozenset[tuple[int, ...]]:
-  return groups_in(c.line)
-
-
-def test_groups_of_reads_every_form():
-  def line(groups):
-    return groups_in(f"x = f32[] all-reduce(y), channel_id=1, replica_groups={groups}, "
-                     f"to_apply=%r")
-  pairs = frozenset({(0, 1), (2, 3), (4, 5), (6, 7)})
-  strided = frozenset({(0, 2, 4, 6), (1, 3, 5, 7)})
-  assert line("{{0,1},{2,3},{4,5},{6,7}}") == pairs
-  assert line("[4,2]<=[8]") == pairs
-  assert line("[2,4]<=[4,2]T(1,0)") == strided
-  assert line("mesh['axis_0'=4,'axis_1'=2] {'axis_1'}") == pairs
-  assert line("mesh['axis_0'=4,'axis_1'=2] {'axis_0'}") == strided
+  """A collective's replica groups (its source-target pairs for a collective-permute) as a set
+  of device-id tuples: `mesh.cost` parses every form the HLO prints (explicit, iota, mesh),
+  each checked in tests/test_cost.py."""
+  return frozenset(c.groups)
 
 
 def consecutive(n: int, k: int) -> frozenset[tuple[int, ...]]:
