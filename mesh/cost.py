@@ -214,14 +214,16 @@ def num_devices_of(hlo_text: str) -> int | None:
 
 
 def collectives(hlo_text: str, num_devices: int | None = None,
-                unknown_trips: int | None = None) -> list[Collective]:
+                unknown_trips: int | None = None, runs: dict[str, int] | None = None
+                ) -> list[Collective]:
   """Every collective op in an HLO module's text, with the bytes of its result and its groups.
 
   `num_devices` resolves `{}` (all devices); by default it is read from the module header.
   """
   if num_devices is None:
     num_devices = num_devices_of(hlo_text)
-  runs, _ = hlo_loops.multipliers(hlo_text, unknown_trips)
+  if runs is None:   # runs per step of each computation (`mesh.hlo_loops.multipliers`)
+    runs, _ = hlo_loops.multipliers(hlo_text, unknown_trips)
   out = []
   computation = None
   for line in hlo_text.splitlines():
@@ -352,7 +354,7 @@ def analyze_facts(f: dict[str, Any], unknown_trips: int | None = None) -> dict[s
   text = f["hlo"]
   loops = hlo_loops.loop_flops(text, unknown_trips)
   num_devices = num_devices_of(text)
-  colls = collectives(text, num_devices, unknown_trips)
+  colls = collectives(text, num_devices, runs=loops["runs"])
   summary = _by_kind(colls)
   op_list, group_sets = ops(colls)
   return {

@@ -130,12 +130,13 @@ def _inferred_trips(ins, comps, by_name) -> int | None:
   return None if start is None else max(0, limit - start)
 
 
-def multipliers(hlo_text: str, unknown_trips: int | None = None
+def multipliers(hlo_text: str, unknown_trips: int | None = None, parsed=None
                 ) -> tuple[dict[str, int], list[dict[str, Any]]]:
   """({computation: runs per step}, [{body, trips (None: unknown), runs}] for every while).
   `unknown_trips`: the trips assumed for a loop whose count the HLO does not show (a bound the
-  caller knows, e.g. beam search's most decoded tokens); None: such a body runs once."""
-  comps, entry = parse(hlo_text)
+  caller knows, e.g. beam search's most decoded tokens); None: such a body runs once.
+  `parsed`: `parse(hlo_text)` when the caller has it."""
+  comps, entry = parsed or parse(hlo_text)
   by_name = {ins["name"]: ins for body in comps.values() for ins in body}
   mult: dict[str, int] = {}
   loops: list[dict[str, Any]] = []
@@ -186,9 +187,11 @@ def _flops(ins: dict[str, str], shapes: dict[str, str]) -> float:
 
 def loop_flops(hlo_text: str, unknown_trips: int | None = None) -> dict[str, Any]:
   """FLOPs of dots and convolutions that run more than once per step beyond their first run
-  (what cost_analysis leaves out), and the loops: {"extra_flops", "loops", "unknown_trips"}."""
-  comps, _ = parse(hlo_text)
-  mult, loops = multipliers(hlo_text, unknown_trips)
+  (what cost_analysis leaves out), and the loops: {"extra_flops", "loops", "unknown_trips",
+  "runs"} (runs: `multipliers`' runs per computation)."""
+  parsed = parse(hlo_text)
+  comps = parsed[0]
+  mult, loops = multipliers(hlo_text, unknown_trips, parsed)
   shapes = {ins["name"]: ins["shape"] for body in comps.values() for ins in body}
   extra = 0.0
   for name, body in comps.items():
@@ -196,4 +199,4 @@ def loop_flops(hlo_text: str, unknown_trips: int | None = None) -> dict[str, Any
     if m > 1:
       extra += (m - 1) * sum(_flops(ins, shapes) for ins in body)
   return {"extra_flops": extra, "loops": loops,
-          "unknown_trips": sum(1 for lp in loops if lp["trips"] is None)}
+          "unknown_trips": sum(1 for lp in loops if lp["trips"] is None), "runs": mult}
