@@ -1,4 +1,16 @@
-"""The one error type a user sees: a single line saying what is wrong and how to fix it."""
+"""How a run ends, for the user and for the scripts that launch it: one error type a user sees
+(a single line saying what is wrong and how to fix it) and the exit statuses (README, "Exit
+statuses"), all defined here so every entry point agrees."""
+
+# Exit statuses of `./run.sh <benchmark>` (and the other verbs where they apply).
+EXIT_SUCCESS = 0        # the quality target was reached
+EXIT_EPOCH_LIMIT = 1    # stopped at --max_epochs without reaching the target
+EXIT_BAD_INPUT = 2      # bad input: one `error:` line, nothing trained, nothing left behind
+EXIT_CRASHED = 3        # an unexpected error (a bug): its traceback is printed
+EXIT_DIVERGED = 4       # a non-finite loss: run_stop aborted, the last good checkpoint kept
+EXIT_PREEMPTED = 5      # SIGTERM or SIGINT: the step finished, a checkpoint written, resumable
+EXIT_PEER_LOST = 6      # multi-host: the coordinator or another process was lost or unreachable
+EXIT_CHECKPOINT = 7     # a checkpoint could not be written (e.g. a full disk); the previous kept
 
 
 class UserError(ValueError):
@@ -6,3 +18,19 @@ class UserError(ValueError):
 
   Entry points print `error: <message>` and exit with status 2, no traceback.
   """
+
+
+class RunEnded(Exception):
+  """A run that stopped for a reason the user must act on (not a bug): entry points print
+  `error: <message>` and exit with `status`, no traceback."""
+  status = EXIT_CRASHED
+
+
+class PeerLost(RunEnded):
+  """Multi-host: the coordinator could not be reached in time, or a peer process died."""
+  status = EXIT_PEER_LOST
+
+
+class CheckpointFailed(RunEnded):
+  """A checkpoint could not be written; the previous checkpoint is still whole."""
+  status = EXIT_CHECKPOINT
