@@ -21,6 +21,7 @@ from absl import flags
 
 from benchmarks import config as config_lib
 from benchmarks.registry import BENCHMARKS
+from mesh import errors
 from mesh.errors import UserError
 
 FLAGS = flags.FLAGS
@@ -286,25 +287,26 @@ def main(argv: list[str]) -> int:
   return 0 if summary["status"] == "success" else 1
 
 
-# Exit statuses (README "run.sh"): 0 target reached, 1 stopped at --max_epochs, 2 bad input,
-# 3 the run crashed (an unexpected error, traceback printed), 130 interrupted (Ctrl-C).
-EXIT_CRASHED, EXIT_INTERRUPTED = 3, 130
-
-
 def run_main(fn):
-  """Runs `fn(sys.argv)` with UserError turned into one `error:` line and exit status 2, an
-  unexpected error into its traceback and status 3."""
+  """Runs `fn(sys.argv)` and exits with its status. UserError: one `error:` line, status 2;
+  a RunEnded (peer lost, checkpoint failed, ...): one `error:` line and its own status; an
+  unexpected error: its traceback and status 3 (statuses: `mesh.errors`, README "Exit
+  statuses")."""
   try:
     code = fn(sys.argv)
   except UserError as e:
     print(f"error: {e}", file=sys.stderr)
-    code = 2
+    code = errors.EXIT_BAD_INPUT
+  except errors.RunEnded as e:
+    print(f"error: {e}", file=sys.stderr)
+    code = e.status
   except KeyboardInterrupt:
     print("interrupted", file=sys.stderr)
-    code = EXIT_INTERRUPTED
+    code = errors.EXIT_PREEMPTED
   except Exception:  # pylint: disable=broad-except
     traceback.print_exc()
-    code = EXIT_CRASHED
+    code = errors.EXIT_CRASHED
+  sys.stdout.flush()
   sys.exit(code)
 
 
