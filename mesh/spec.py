@@ -95,12 +95,12 @@ def _pairs(text: str, what: str, example: str) -> list[tuple[str, str]]:
   for part in re.split(r"[,;]", text):
     part = part.strip()
     if not part:
-      raise UserError(f"{what} '{text}' has an empty entry; write it like '{example}'")
+      raise UserError(f"{what} {text!r} has an empty entry; write it like '{example}'")
     if part.count(":") != 1:
-      raise UserError(f"{what} entry '{part}' must be name:value; write it like '{example}'")
+      raise UserError(f"{what} entry {part!r} must be name:value; write it like '{example}'")
     name, value = (s.strip() for s in part.split(":"))
     if not _NAME.match(name):
-      raise UserError(f"{what} entry '{part}': '{name}' is not a valid name (letters, digits, _)")
+      raise UserError(f"{what} entry {part!r}: {name!r} is not a valid name (letters, digits, _)")
     out.append((name, value))
   return out
 
@@ -113,15 +113,15 @@ def parse_mesh(text: str) -> MeshSpec:
     try:
       size = int(value)
     except ValueError:
-      raise UserError(f"mesh axis '{name}' has size '{value}', which is not an integer") from None
+      raise UserError(f"mesh axis '{name}' has size {value!r}, which is not an integer") from None
     if size == 0 or size < -1:
       raise UserError(f"mesh axis '{name}' has size {size}; sizes are positive (or -1 once)")
     axes.append((name, size))
   names = [n for n, _ in axes]
   if len(set(names)) != len(names):
-    raise UserError(f"mesh '{text}' names an axis twice")
+    raise UserError(f"mesh {text!r} names an axis twice")
   if [s for _, s in axes].count(-1) > 1:
-    raise UserError(f"mesh '{text}' uses -1 more than once; at most one axis can fill the rest")
+    raise UserError(f"mesh {text!r} uses -1 more than once; at most one axis can fill the rest")
   return MeshSpec(tuple(axes))
 
 
@@ -134,9 +134,10 @@ def parse_layout(text: str) -> Layout:
   for dim, value in _pairs(text, "layout", example):
     axes = tuple(a.strip() for a in value.split("+"))
     if any(not _NAME.match(a) for a in axes):
-      raise UserError(f"layout rule '{dim}:{value}' must map to mesh axes like 'data' or 'x+y'")
+      raise UserError(f"layout rule {dim + ':' + value!r} must map to mesh axes like 'data' or "
+                      f"'x+y'")
     if len(set(axes)) != len(axes):
-      raise UserError(f"layout rule '{dim}:{value}' names a mesh axis twice")
+      raise UserError(f"layout rule {dim + ':' + value!r} names a mesh axis twice")
     if dim in dict(rules):
       raise UserError(f"layout names dimension '{dim}' twice; give one rule per dimension")
     rules.append((dim, axes))
