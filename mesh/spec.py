@@ -16,6 +16,10 @@ import re
 from mesh.errors import UserError
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SIZE = re.compile(r"-?[0-9]+")
+# More devices than any machine has: a bound that keeps every size printable (Python refuses to
+# print integers of more than 4300 digits) and every product cheap.
+MAX_DEVICES = 2 ** 31
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,10 +114,12 @@ def parse_mesh(text: str) -> MeshSpec:
   example = "data:4,model:2"
   axes = []
   for name, value in _pairs(text, "mesh", example):
-    try:
-      size = int(value)
-    except ValueError:
-      raise UserError(f"mesh axis '{name}' has size {value!r}, which is not an integer") from None
+    if not _SIZE.fullmatch(value):
+      raise UserError(f"mesh axis '{name}' has size {value!r}, which is not an integer")
+    if len(value.lstrip("-0")) > len(str(MAX_DEVICES)):
+      raise UserError(f"mesh axis '{name}' has size {value[:12]}...; a mesh has at most "
+                      f"{MAX_DEVICES} devices")
+    size = int(value)
     if size == 0 or size < -1:
       raise UserError(f"mesh axis '{name}' has size {size}; sizes are positive (or -1 once)")
     axes.append((name, size))
@@ -122,6 +128,13 @@ def parse_mesh(text: str) -> MeshSpec:
     raise UserError(f"mesh {text!r} names an axis twice")
   if [s for _, s in axes].count(-1) > 1:
     raise UserError(f"mesh {text!r} uses -1 more than once; at most one axis can fill the rest")
+  known = 1
+  for name, size in axes:
+    known *= abs(size)
+    if known > MAX_DEVICES:
+      shown = repr(text) if len(text) <= 40 else repr(text[:40]) + "..."
+      raise UserError(f"mesh {shown} has more than {MAX_DEVICES} devices (at axis '{name}'); "
+                      f"a mesh covers the devices of one job")
   return MeshSpec(tuple(axes))
 
 
