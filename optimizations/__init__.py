@@ -102,6 +102,11 @@ def names() -> tuple[str, ...]:
   return tuple(_registry())
 
 
+def _show(text: str) -> str:
+  """The user's text for a one-line message: control characters and line breaks escaped."""
+  return repr(text)[1:-1]
+
+
 def parse(text: str) -> tuple[tuple[str, str | None], ...]:
   """`none`, or comma-separated `name` / `name:arg` (unknown names are an error)."""
   text = (text or "none").strip()
@@ -111,20 +116,25 @@ def parse(text: str) -> tuple[tuple[str, str | None], ...]:
   chosen = []
   for item in (t.strip() for t in text.split(",")):
     if not item:
-      raise UserError(f"--optimizations={text} has an empty entry; write e.g. "
+      raise UserError(f"--optimizations={_show(text)} has an empty entry; write e.g. "
                       f"grad_accum:4,weight_update_sharding")
     name, _, arg = item.partition(":")
     name, arg = name.strip(), (arg.strip() if ":" in item else None)
     if name not in known:
-      raise UserError(f"unknown optimization '{name}'; choose from {', '.join(known)} "
+      raise UserError(f"unknown optimization {name!r}; choose from {', '.join(known)} "
                       f"(comma-separated) or none")
     if arg is not None and not known[name].argument:
-      raise UserError(f"--optimizations: {name} takes no argument (got '{item}')")
+      raise UserError(f"--optimizations: {name} takes no argument (got {item!r})")
     chosen.append((name, arg))
   names_ = [n for n, _ in chosen]
   if len(set(names_)) != len(names_):
-    raise UserError(f"--optimizations={text} names an optimization twice")
+    raise UserError(f"--optimizations={_show(text)} names an optimization twice")
   return tuple(chosen)
+
+
+def unparse(parsed) -> str:
+  """The --optimizations text of `parse`'s result (`parse(unparse(p)) == p`)."""
+  return ",".join(n if a is None else f"{n}:{a}" for n, a in parsed) or "none"
 
 
 def batch_axes(layout: Layout, mesh_axes) -> tuple[str, ...]:
