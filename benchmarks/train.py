@@ -11,20 +11,23 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
+import shutil
 import statistics
+import sys
 import time
 from typing import Any
 
 import jax
 
 import optimizations
-from benchmarks import registry
+from benchmarks import checkpoints, registry, stops
 from benchmarks.config import eval_points
 from benchmarks.step import Program, compile_program, evaluate, global_batch
 from benchmarks.task import Spec, Task
 from logs.mlperf import C, MLPerfLog
-from mesh import devices
+from mesh import devices, errors
 from mesh.errors import UserError
 from mesh.sharding import Sharder
 from mesh.spec import parse_layout, parse_mesh
@@ -46,25 +49,101 @@ class RunOptions:
   resume: bool = False
   overwrite: bool = False
   progress_every_s: float = 5.0
+  nan_check_every: int = 10         # steps between metric fetches (a NaN stops the run within)
   quiet: bool = False
 
 
 def result_path(opts: RunOptions) -> str:
+  """The MLPerf log of the run as it first ran (a resumed run logs into its own file)."""
   return os.path.join(opts.output_dir, f"result_{opts.run_index}.txt")
 
 
+def summary_path(opts: RunOptions) -> str:
+  """summary.json (run_index 0) or summary_<run_index>.json: runs never share one."""
+  name = "summary.json" if opts.run_index == 0 else f"summary_{opts.run_index}.json"
+  return os.path.join(opts.output_dir, name)
+
+
+def checkpoint_dir(opts: RunOptions) -> str:
+  """checkpoints/ (run_index 0) or checkpoints_<run_index>/: runs never share one."""
+  name = "checkpoints" if opts.run_index == 0 else f"checkpoints_{opts.run_index}"
+  return os.path.join(opts.output_dir, name)
+
+
+def resume_logs(opts: RunOptions) -> list[str]:
+  """The logs of earlier resumptions of this run: result_<i>.resume-<k>.txt, in order."""
+  if not os.path.isdir(opts.output_dir):
+    return []
+  prefix = f"result_{opts.run_index}.resume-"
+  found = [n for n in os.listdir(opts.output_dir)
+           if n.startswith(prefix) and n.endswith(".txt") and n[len(prefix):-4].isdigit()]
+  return [os.path.join(opts.output_dir, n) for n in sorted(found, key=lambda n: int(n[len(prefix):-4]))]
+
+
+def log_path(opts: RunOptions) -> str:
+  """Where this run logs: result_<i>.txt, or with --resume the next result_<i>.resume-<k>.txt
+  (the interrupted log is never appended to; README "Resumed runs")."""
+  if not opts.resume:
+    return result_path(opts)
+  return os.path.join(opts.output_dir,
+                      f"result_{opts.run_index}.resume-{len(resume_logs(opts)) + 1}.txt")
+
+
+# How a run ended (summary.json "ending") and its exit status (mesh.errors, README).
+ENDINGS = {"success": errors.EXIT_SUCCESS, "epoch_limit": errors.EXIT_EPOCH_LIMIT,
+           "crashed": errors.EXIT_CRASHED, "diverged": errors.EXIT_DIVERGED,
+           "preempted": errors.EXIT_PREEMPTED, "peer_lost": errors.EXIT_PEER_LOST,
+           "checkpoint_failed": errors.EXIT_CHECKPOINT}
+FINISHED = ("success", "epoch_limit")
+
+
+def _has_checkpoints(directory: str) -> bool:
+  return os.path.isdir(directory) and any(n.isdigit() for n in os.listdir(directory))
+
+
+def _earlier_summary(opts: RunOptions) -> dict | None:
+  try:
+    with open(summary_path(opts), encoding="utf-8") as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return None
+
+
 def check_output(opts: RunOptions) -> None:
-  """Refuses to overwrite an earlier run's log (no lost data)."""
+  """Refuses what would lose or mix up an earlier run's outputs (before jax starts)."""
   if opts.division not in ("open", "closed"):
     raise UserError(f"--division={opts.division}: choose open or closed")
-  path = result_path(opts)
-  ckpts = os.path.join(opts.output_dir, "checkpoints")
-  if opts.resume and not (os.path.isdir(ckpts) and any(n.isdigit() for n in os.listdir(ckpts))):
-    raise UserError(f"--resume: no checkpoints in {opts.output_dir}; pass the --output_dir of "
-                    f"a run that used --checkpoint_every")
-  if os.path.exists(path) and not (opts.resume or opts.overwrite):
+  if opts.resume and opts.overwrite:
+    raise UserError("--resume continues the run in --output_dir and --overwrite replaces it: "
+                    "pass one of them")
+  path, ckpts = result_path(opts), checkpoint_dir(opts)
+  if opts.resume:
+    if not _has_checkpoints(ckpts):
+      raise UserError(f"--resume: no checkpoints in {ckpts}; pass the --output_dir (and "
+                      f"--run_index) of a run that used --checkpoint_every or was preempted")
+    ended = (_earlier_summary(opts) or {}).get("ending")
+    if ended in FINISHED:
+      raise UserError(f"--resume: the run in {opts.output_dir} (run_index {opts.run_index}) "
+                      f"already ended ({ended}); nothing to resume: pass --overwrite to run it "
+                      f"again or another --run_index")
+    return
+  if opts.overwrite:
+    return
+  if os.path.exists(path):
     raise UserError(f"{path} already exists; pass another --run_index or --output_dir, "
                     f"--resume to continue that run, or --overwrite to replace it")
+  if _has_checkpoints(ckpts):
+    raise UserError(f"{ckpts} holds checkpoints of an earlier run; pass --resume to continue "
+                    f"it or --overwrite to start clean")
+
+
+def _clear_for_overwrite(opts: RunOptions) -> None:
+  """--overwrite starts clean: this run index's log, resumed logs, summary and checkpoints go
+  (only once the new run's setup succeeded; other run indices are untouched)."""
+  for path in [result_path(opts), summary_path(opts)] + resume_logs(opts):
+    if os.path.exists(path):
+      os.remove(path)
+  shutil.rmtree(checkpoint_dir(opts), ignore_errors=True)
 
 
 def build_sharder(cfg, devs=None) -> tuple[Sharder, Plan]:
@@ -225,31 +304,50 @@ def _setup(cfg, entry, opts: RunOptions, log: MLPerfLog, say):
 
 def run(cfg, benchmark: str, opts: RunOptions) -> dict[str, Any]:
   """Trains `cfg` of the registered `benchmark` and returns the summary (also in
-  summary.json)."""
+  summary.json): its "ending" says how the run ended and "exit_status" the status for it."""
+  signals = stops.Signals()
+  try:
+    return _run(cfg, benchmark, opts, signals)
+  finally:
+    signals.restore()
+
+
+def _run(cfg, benchmark: str, opts: RunOptions, signals: stops.Signals) -> dict[str, Any]:
   wall_start = time.time()
   entry, writer = registry.BENCHMARKS[benchmark], jax.process_index() == 0
   spec = entry.spec
   target = spec.target(cfg)
-  log = MLPerfLog(result_path(opts) if writer else None, append=opts.resume)
+  log = MLPerfLog(writer)     # held in memory until the setup succeeded: no stub, no empty folder
   say = (lambda *a: print(*a, flush=True)) if writer and not opts.quiet else (lambda *a: None)
 
   # --- init: everything before run_start (MLPerf allows it time) ---------------------------
   log.event(C.CACHE_CLEAR, True)
   log.start(C.INIT_START)
-  try:
-    task, program, state = _setup(cfg, entry, opts, log, say)
-  except UserError:
-    log.close()   # bad input: leave no half-written log behind
-    if writer and not opts.resume:
-      os.remove(result_path(opts))
-    raise
-  data = task.data
+  task, program, state = _setup(cfg, entry, opts, log, say)
   say(f"compiled in {program.compile_s:.1f}s: {_flops_str(program.step_cost)} per device per "
       f"step, {program.step_cost['memory_per_device'].get('total_bytes', 0) / 2**20:.1f} MiB "
       f"per device, collectives {_coll_str(program.step_cost['collectives'])}")
-  ckpt = _Checkpoints(os.path.join(opts.output_dir, "checkpoints")) if (
-      opts.checkpoint_every or opts.resume) else None
-  state, step = _maybe_resume(ckpt, program, state, opts, say)
+  if signals.received:
+    raise errors.Preempted(f"{signals.received} before training started; nothing was written")
+  if opts.overwrite and writer:
+    _clear_for_overwrite(opts)
+  if opts.overwrite and jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    multihost_utils.sync_global_devices("meshperf: --overwrite cleared")
+  ckpt = checkpoints.Checkpoints(checkpoint_dir(opts))
+  try:
+    return _train(cfg, entry, opts, signals, log, say, task, program, state, ckpt, wall_start,
+                  target, writer)
+  finally:
+    ckpt.close()
+
+
+def _train(cfg, entry, opts, signals, log, say, task, program, state, ckpt, wall_start, target,
+           writer) -> dict[str, Any]:
+  spec, data = entry.spec, task.data
+  state, step = _maybe_resume(ckpt, program, state, cfg, data, opts, log, say)
+  if writer:
+    log.open(log_path(opts))      # the setup succeeded: from here on the run leaves its log
   blocks = timeline(cfg, spec, data.steps_per_epoch, start=step)
   log.event(C.TRAIN_SAMPLES, data.num_train)
   log.event(C.EVAL_SAMPLES, data.num_eval)
@@ -261,18 +359,23 @@ def run(cfg, benchmark: str, opts: RunOptions) -> dict[str, Any]:
   run_start = time.time()
   step_times: list[float] = []
   evals: list[dict[str, Any]] = []
-  status, quality, error, metrics = C.ABORTED, None, None, {}
+  status, quality, error, ending, stop = C.ABORTED, None, None, "crashed", None
   progress = _Progress(cfg.max_epochs * data.steps_per_epoch, data.steps_per_epoch,
                        cfg.global_batch_size, opts.progress_every_s, not writer or opts.quiet)
   batches = _batches(data, step)
+  metrics: dict = {}
+  where = lambda s: checkpoints.position(s, data.steps_per_epoch, cfg, data.num_train)  # noqa: E731
   try:
+    ending = "epoch_limit"
     for n, block in enumerate(blocks, 1):
       log.start(C.BLOCK_START, metadata=block.start)
-      state, metrics = _train_block(program, state, block, batches, log, spec, progress,
-                                    step_times)
+      state, metrics, stop = _train_block(program, state, block, batches, log, spec, progress,
+                                          step_times, stops.Window(opts.nan_check_every), signals)
+      step = block.first_step + block.steps if stop is None else stop.step
+      if stop is not None:
+        break
       log.end(C.BLOCK_STOP, metadata=block.stop)
       quality, eval_s = _evaluate(program, task, state, block, log)
-      step = block.first_step + block.steps
       evals.append({**block.at, "step": step, "quality": quality,
                     "eval_s": eval_s, "train_loss": float(metrics.get("loss", float("nan"))),
                     "elapsed_s": time.time() - run_start})
@@ -280,69 +383,134 @@ def run(cfg, benchmark: str, opts: RunOptions) -> dict[str, Any]:
           f"{float(metrics['loss']):.4f}, eval {eval_s:.1f}s, "
           f"{_fmt_time(time.time() - run_start)} since run_start")
       if spec.reached(quality, target):
-        status = C.SUCCESS
-      if ckpt and opts.checkpoint_every and n % opts.checkpoint_every == 0:
-        ckpt.save(state, step)
+        status, ending = C.SUCCESS, "success"
+      if opts.checkpoint_every and n % opts.checkpoint_every == 0:
+        ckpt.save(state, step, where(step))
       if status == C.SUCCESS:
         break
+      got = signals.agreed()
+      if got:
+        stop = stops.Stop("preempted", step, f"{got} after the evaluation at step {step}")
+        break
+    if stop is not None:
+      ending = stop.kind
+      if stop.kind == "preempted" and ckpt.latest() != step:
+        ckpt.save(state, step, where(step))
   except KeyboardInterrupt:
-    error = "interrupted"
+    ending, error = "preempted", "interrupted (a second Ctrl-C): no checkpoint of the last steps"
+    raise
+  except errors.RunEnded as e:
+    ending = next((k for k, v in ENDINGS.items() if v == e.status), "crashed")
+    error = str(e)
     raise
   except Exception as e:  # pylint: disable=broad-except
-    error = f"{type(e).__name__}: {e}"
+    ending, error = "crashed", f"{type(e).__name__}: {e}"
     raise
   finally:
     run_stop = time.time()
     log.end(C.RUN_STOP, metadata={C.STATUS: status})
     log.close()
-    if ckpt:
-      ckpt.close()
+    if stop is not None:
+      error = stop.detail
     summary = _summary(cfg, entry, opts, program, data, status, error, quality, step, evals,
                        step_times, run_start, run_stop, init_s)
+    summary.update(ending=ending, exit_status=ENDINGS[ending], resumed=opts.resume,
+                   mlperf_log=log.path or log_path(opts),
+                   last_checkpoint_step=ckpt.latest())
     if writer:
-      os.makedirs(opts.output_dir, exist_ok=True)
-      with open(os.path.join(opts.output_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2, default=float)
-  say(f"{status}: {spec.metric} {quality} after {summary['epochs']:.4g} epochs, "
-      f"{summary['time_to_train_s']:.1f}s from run_start to run_stop "
-      f"(log {result_path(opts)}, summary {opts.output_dir}/summary.json)")
+      _write_json(summary_path(opts), summary)
+  _say_ending(say, summary, spec, stop, opts)
   return summary
 
 
-def _maybe_resume(ckpt, program: Program, state, opts: RunOptions, say):
-  """(state, global step) from the newest checkpoint with --resume, else the initial state."""
+def _say_ending(say, summary, spec, stop, opts) -> None:
+  if stop is not None and stop.kind == "diverged":
+    kept = summary["last_checkpoint_step"]
+    print(f"error: diverged: {stop.detail}; run_stop aborted; "
+          + (f"the last good checkpoint is step {kept} in {checkpoint_dir(opts)}" if kept
+             is not None else "no checkpoint was written (--checkpoint_every)"),
+          file=sys.stderr, flush=True)
+    return
+  if stop is not None:
+    say(f"preempted: {stop.detail}; checkpoint of step {stop.step} in {checkpoint_dir(opts)}; "
+        f"continue with the same command and --resume")
+    return
+  say(f"{summary['status']}: {spec.metric} {summary['final_quality']} after "
+      f"{summary['epochs']:.4g} epochs, {summary['time_to_train_s']:.1f}s from run_start to "
+      f"run_stop (log {summary['mlperf_log']}, summary {summary_path(opts)})")
+
+
+def _finite(x):
+  """JSON has no NaN or Infinity: non-finite numbers become null (summary.json stays JSON)."""
+  if isinstance(x, float):
+    return x if math.isfinite(x) else None
+  if isinstance(x, dict):
+    return {k: _finite(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [_finite(v) for v in x]
+  if hasattr(x, "item") and getattr(x, "ndim", None) == 0:
+    return _finite(x.item())
+  return x
+
+
+def _write_json(path: str, obj) -> None:
+  """Writes `obj` as strict JSON through a temporary file and a rename (never half a file)."""
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  tmp = f"{path}.tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    json.dump(_finite(obj), f, indent=2, allow_nan=False, default=float)
+  os.replace(tmp, path)
+
+
+def _maybe_resume(ckpt, program: Program, state, cfg, data, opts: RunOptions, log: MLPerfLog,
+                  say):
+  """(state, global step) from the newest checkpoint with --resume, else the initial state.
+  A resumed run's log says so (`meshperf_resumed`, README "Resumed runs")."""
   if not opts.resume:
     return state, 0
-  restored = ckpt.restore(program.state_shapes) if ckpt else None
-  if restored is None:
-    raise UserError(f"--resume: no checkpoint in {opts.output_dir}/checkpoints")
-  state, step = restored
+  expected = checkpoints.position(0, data.steps_per_epoch, cfg, data.num_train)
+  state, step, where = ckpt.restore(program.state_shapes, expected)
   if int(jax.device_get(state["step"])) != step:
-    raise UserError(f"--resume: the checkpoint {step} in {opts.output_dir}/checkpoints holds "
+    raise UserError(f"--resume: the checkpoint {step} in {ckpt.directory} holds "
                     f"step {int(jax.device_get(state['step']))}; it is not this loop's")
-  say(f"resumed from the checkpoint after step {step}")
+  log.event("meshperf_resumed", {"from_step": step, "epoch": where.get("epoch"),
+                                 "batch_in_epoch": where.get("batch_in_epoch"),
+                                 "attempt": len(resume_logs(opts)) + 1,
+                                 "first_log": os.path.basename(result_path(opts))})
+  say(f"resumed from the checkpoint after step {step} (epoch {where.get('epoch')}, batch "
+      f"{where.get('batch_in_epoch')}); logging to {log_path(opts)}")
   return state, step
 
 
 def _train_block(program: Program, state, block: Block, batches, log: MLPerfLog, spec: Spec,
-                 progress, step_times: list[float]):
-  """The block's training steps (with epoch events for an epochs-cadence benchmark)."""
+                 progress, step_times: list[float], window: stops.Window,
+                 signals: stops.Signals):
+  """The block's training steps (with epoch events for an epochs-cadence benchmark):
+  (state, the last fetched metrics, a Stop or None). Metrics are fetched once per window."""
   per_epoch = progress.steps_per_epoch
   metrics: dict = {}
-  for _ in range(block.steps):
+  single = jax.process_count() == 1
+  for k in range(block.steps):
     step, local = next(batches)
     epoch, i = divmod(step, per_epoch)
-    if spec.cadence == "epochs" and i == 0:
+    if spec.cadence == "epochs" and (i == 0 or k == 0 and block.first_step % per_epoch):
       log.start(C.EPOCH_START, metadata={C.EPOCH_NUM: epoch + 1})
     batch = global_batch(local, program.batch_shardings)
-    t = time.time()
-    state, metrics = program.train(state, batch)
-    metrics = jax.device_get(metrics)
-    step_times.append(time.time() - t)
-    progress.maybe_print(step + 1, step_times, {"loss": metrics["loss"], "lr": metrics["lr"]})
+    state, m = program.train(state, batch)
+    window.add(step, m)
+    last = k == block.steps - 1
+    asked = signals.received if single else None
+    if window.full() or last or asked:
+      metrics, stop = window.fetch(step_times)
+      if stop is not None:
+        return state, metrics, stop
+      progress.maybe_print(step + 1, step_times, {"loss": metrics["loss"], "lr": metrics["lr"]})
+      got = asked or (None if single else signals.agreed())
+      if got and not last:
+        return state, metrics, stops.Stop("preempted", step + 1, f"{got} at step {step + 1}")
     if spec.cadence == "epochs" and i == per_epoch - 1:
       log.end(C.EPOCH_STOP, metadata={C.EPOCH_NUM: epoch + 1})
-  return state, metrics
+  return state, metrics, None
 
 
 def _evaluate(program: Program, task: Task, state, block: Block, log: MLPerfLog):
@@ -407,27 +575,3 @@ def _coll_str(colls: dict) -> str:
   parts = [f"{k} {v['count']}x/{v['bytes'] / 2**20:.2f}MiB" for k, v in colls.items()
            if v["count"]]
   return ", ".join(parts) or "none"
-
-
-class _Checkpoints:
-  """Orbax checkpoints of the whole train state, keyed by global step (newest two kept)."""
-
-  def __init__(self, directory: str):
-    import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
-    self._ocp = ocp
-    self.mngr = ocp.CheckpointManager(
-        os.path.abspath(directory), options=ocp.CheckpointManagerOptions(max_to_keep=2,
-                                                                          create=True))
-
-  def save(self, state, step: int) -> None:
-    self.mngr.save(step, args=self._ocp.args.StandardSave(state))
-    self.mngr.wait_until_finished()
-
-  def restore(self, abstract_state):
-    step = self.mngr.latest_step()
-    if step is None:
-      return None
-    return self.mngr.restore(step, args=self._ocp.args.StandardRestore(abstract_state)), step
-
-  def close(self) -> None:
-    self.mngr.close()

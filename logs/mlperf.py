@@ -1,4 +1,5 @@
-"""MLPerf logging through `mlperf_logging.mllog`, to `<output_dir>/result_<run_index>.txt`.
+"""MLPerf logging through `mlperf_logging.mllog`, to `<output_dir>/result_<run_index>.txt` (or,
+for a resumed run, its own `result_<run_index>.resume-<k>.txt`; README "Resumed runs").
 
 Only the process that is told it is the writer (process 0) writes; the others log nothing.
 """
@@ -16,31 +17,53 @@ __all__ = ["MLPerfLog", "C"]
 
 
 class MLPerfLog:
-  """One run's MLPerf log file. `event`, `start`, `end` take mllog keys."""
+  """One run's MLPerf log file. `event`, `start`, `end` take mllog keys.
 
-  def __init__(self, path: str | None, append: bool = False):
-    self.path = path
+  Events are formatted by mllog (with their own timestamps) and held in memory until `open()`
+  names the file: a run that ends in bad input or a crash during init writes no file at all
+  (no stub log that would block the same command later, no empty run folder). After `open()`
+  every event is written and flushed at once (a crash loses nothing logged before it)."""
+
+  def __init__(self, writer: bool = True):
+    self.path = None
+    self._held: list[str] | None = [] if writer else None
+    self._file = None
     self._logger = None
-    if path is None:
+    if not writer:
       return
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    pylogger = logging.getLogger(f"meshperf.mllog.{os.path.abspath(path)}")
+    pylogger = logging.getLogger(f"meshperf.mllog.{id(self)}")
     pylogger.propagate = False
     pylogger.setLevel(logging.INFO)
     for h in list(pylogger.handlers):
       pylogger.removeHandler(h)
-      h.close()
-    self._handler = logging.FileHandler(path, mode="a" if append else "w")
-    self._handler.setFormatter(logging.Formatter("%(message)s"))
+    self._handler = _Lines(self._line)
     pylogger.addHandler(self._handler)
     self._logger = MLLogger(logger=pylogger, default_stack_offset=3,
-                                  root_dir=os.path.dirname(os.path.dirname(__file__)))
+                            root_dir=os.path.dirname(os.path.dirname(__file__)))
+
+  def _line(self, text: str) -> None:
+    if self._file is not None:
+      self._file.write(text + "\n")
+      self._file.flush()
+    elif self._held is not None:
+      self._held.append(text)
+
+  def open(self, path: str) -> None:
+    """Writes the held events to `path` (a new file) and every later event as it comes."""
+    if self._logger is None:
+      return
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    self.path = path
+    self._file = open(path, "x", encoding="utf-8")   # pylint: disable=consider-using-with
+    for text in self._held or ():
+      self._file.write(text + "\n")
+    self._file.flush()
+    self._held = None
 
   def _log(self, fn: str, key: str, value: Any = None, metadata: dict | None = None) -> None:
     if self._logger is None:
       return
     getattr(self._logger, fn)(key=key, value=value, metadata=metadata)
-    self._handler.flush()
 
   def event(self, key: str, value: Any = None, metadata: dict | None = None) -> None:
     self._log("event", key, value, metadata)
@@ -53,6 +76,19 @@ class MLPerfLog:
 
   def close(self) -> None:
     if self._logger is not None:
-      self._handler.close()
       self._logger.logger.removeHandler(self._handler)
       self._logger = None
+    if self._file is not None:
+      self._file.close()
+      self._file = None
+
+
+class _Lines(logging.Handler):
+  """A logging handler that hands each formatted record to a function."""
+
+  def __init__(self, sink):
+    super().__init__()
+    self.sink = sink
+
+  def emit(self, record: logging.LogRecord) -> None:
+    self.sink(record.getMessage())

@@ -1,0 +1,96 @@
+"""Why a run stops early, watched without a host sync per step.
+
+- `Signals`: SIGTERM (what a preempted TPU VM or a batch scheduler sends) and SIGINT (Ctrl-C)
+  only set a flag; the loop finishes the step it is in, writes a checkpoint, logs `run_stop`
+  aborted and exits with status 5 (`mesh.errors.EXIT_PREEMPTED`). A second SIGINT interrupts at
+  once (KeyboardInterrupt) for a user who will not wait. With several processes the flag is
+  agreed at each metrics fetch (an all-gather of one integer), so every process stops after the
+  same step and the checkpoint save, a collective, cannot hang.
+- `Window`: the step's metrics stay on the device; every `every` steps (and at the end of each
+  block) the window's metrics come to the host in one fetch, and a non-finite loss there stops
+  the run within `every` steps of the first bad one, naming that step (`Diverged`, status 4).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import signal
+import time
+from typing import Any
+
+import jax
+
+
+@dataclasses.dataclass(frozen=True)
+class Stop:
+  """Why the loop stopped before its end: `kind` is "preempted" or "diverged"."""
+  kind: str
+  step: int              # global steps done when it stopped (the checkpoint's step)
+  detail: str
+
+
+class Signals:
+  """SIGTERM/SIGINT handlers that record the signal instead of killing the process."""
+
+  def __init__(self):
+    self.received: str | None = None
+    self._old = {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+      try:
+        self._old[sig] = signal.signal(sig, self._handle)
+      except ValueError:       # not the main thread (an in-process test): nothing to install
+        pass
+
+  def _handle(self, signum, frame):  # pylint: disable=unused-argument
+    if self.received and signum == signal.SIGINT:
+      raise KeyboardInterrupt
+    self.received = signal.Signals(signum).name
+    print(f"{self.received}: finishing this step, then checkpoint and stop (status 5)",
+          flush=True)
+
+  def agreed(self) -> str | None:
+    """The signal any process received (all processes agree; a collective when several)."""
+    if jax.process_count() == 1:
+      return self.received
+    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    got = multihost_utils.process_allgather(np.int32(self.received is not None))
+    return (self.received or "SIGTERM (another process)") if int(np.max(got)) else None
+
+  def restore(self) -> None:
+    for sig, old in self._old.items():
+      signal.signal(sig, old)
+    self._old = {}
+
+
+class Window:
+  """Training metrics kept on the device and fetched every `every` steps in one transfer."""
+
+  def __init__(self, every: int):
+    self.every = max(1, every)
+    self.pending: list[tuple[int, Any]] = []
+    self.start = time.time()
+
+  def add(self, step: int, metrics) -> None:
+    self.pending.append((step, metrics))
+
+  def full(self) -> bool:
+    return len(self.pending) >= self.every
+
+  def fetch(self, step_times: list[float]) -> tuple[dict, Stop | None]:
+    """The window's metrics on the host (the last step's) and a Stop at the first non-finite
+    loss. Appends each step's share of the window's wall time to `step_times`."""
+    if not self.pending:
+      return {}, None
+    fetched = jax.device_get([m for _, m in self.pending])
+    now = time.time()
+    step_times.extend([(now - self.start) / len(fetched)] * len(fetched))
+    self.start = now
+    steps = [s for s, _ in self.pending]
+    self.pending = []
+    for s, m in zip(steps, fetched):
+      loss = float(m["loss"])
+      if not math.isfinite(loss):
+        return m, Stop("diverged", s + 1, f"the training loss is {loss} at step {s + 1}")
+    return fetched[-1], None

@@ -1,0 +1,174 @@
+"""Preemption, kills and divergence, on real processes of the CPU ResNet (a tiny one).
+
+- SIGTERM mid-epoch: the step finishes, a checkpoint is written, `run_stop` aborted, a valid
+  summary.json, exit status 5; `--resume` continues in its own log and ends with parameters
+  bit-identical to an uninterrupted run's.
+- SIGKILL mid-epoch and right after an epoch's checkpoint: `--resume` ends bit-identical too.
+- A NaN loss stops the run within --nan_check_every steps with status 4, naming the step.
+- `--resume` of a finished run refuses; `--overwrite` starts clean.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from benchmarks.common import weights
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["resnet", "--model_depth=10", "--model_width=8", "--global_batch_size=32",
+        "--eval_batch_size=64", "--bn_span=4", "--max_epochs=3", "--checkpoint_every=1",
+        "--progress_every_s=0"]
+STEPS_PER_EPOCH = 44      # the digits dataset's 1,437 training images / 32
+
+
+def _start(*args, **kw):
+  return subprocess.Popen([sys.executable, "-m", "benchmarks.main", *TINY, *args], cwd=ROOT,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def _run(*args):
+  p = _start(*args)
+  out, err = p.communicate(timeout=600)
+  return p.returncode, out, err
+
+
+def _kill_when(p, ready, sig):
+  """Sends `sig` once a stdout line satisfies `ready`; returns (rc, stdout, stderr)."""
+  lines = []
+  for line in p.stdout:
+    lines.append(line)
+    if ready(line):
+      p.send_signal(sig)
+      break
+  out, err = p.communicate(timeout=600)
+  return p.returncode, "".join(lines) + out, err
+
+
+def _step_of(line: str) -> int | None:
+  parts = line.split()
+  if "step" in parts:
+    return int(parts[parts.index("step") + 1].split("/")[0])
+  return None
+
+
+def _final_params(out_dir):
+  return weights.load(str(out_dir))
+
+
+def _assert_bit_identical(a, b):
+  la, lb = _leaves(a), _leaves(b)
+  assert la.keys() == lb.keys()
+  for k in la:
+    np.testing.assert_array_equal(la[k], lb[k], err_msg=k)
+
+
+def _leaves(tree, prefix=""):
+  out = {}
+  for k, v in tree.items():
+    if isinstance(v, dict):
+      out.update(_leaves(v, f"{prefix}{k}/"))
+    else:
+      out[prefix + k] = np.asarray(v)
+  return out
+
+
+def _summary(out_dir):
+  with open(os.path.join(out_dir, "summary.json"), encoding="utf-8") as f:
+    return json.load(f)      # strict JSON: a bare NaN would fail here
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory):
+  out = tmp_path_factory.mktemp("uninterrupted")
+  rc, _, err = _run(f"--output_dir={out}")
+  assert rc == 1, err[-3000:]                 # tiny run: stops at the epoch limit
+  return out, _final_params(out)
+
+
+def test_sigterm_mid_epoch_checkpoints_and_resume_is_bit_identical(baseline, tmp_path):
+  out = tmp_path / "run"
+  p = _start(f"--output_dir={out}", "--nan_check_every=1")
+  rc, stdout, err = _kill_when(p, lambda l: (_step_of(l) or 0) >= STEPS_PER_EPOCH + 10,
+                               signal.SIGTERM)
+  assert rc == 5, err[-3000:]
+  assert "Traceback" not in err
+  s = _summary(out)
+  assert s["ending"] == "preempted" and s["exit_status"] == 5 and s["status"] == "aborted"
+  stopped = s["last_checkpoint_step"]
+  assert STEPS_PER_EPOCH < stopped < 2 * STEPS_PER_EPOCH   # mid-epoch 2
+  assert os.path.isdir(out / "checkpoints" / str(stopped))
+  log = (out / "result_0.txt").read_text()
+  last = json.loads(log.strip().splitlines()[-1].split(":::MLLOG", 1)[1])
+  assert last["key"] == "run_stop" and last["metadata"]["status"] == "aborted"
+  assert "preempted: SIGTERM" in stdout
+
+  rc, stdout, err = _run(f"--output_dir={out}", "--resume")
+  assert rc == 1, err[-3000:]
+  assert f"resumed from the checkpoint after step {stopped}" in stdout
+  assert (out / "result_0.txt").read_text() == log           # the interrupted log untouched
+  resumed = (out / "result_0.resume-1.txt").read_text()
+  assert resumed.count('"key": "init_start"') == 1 and '"meshperf_resumed"' in resumed
+  _assert_bit_identical(_final_params(out), baseline[1])
+  assert _summary(out)["ending"] == "epoch_limit"
+
+  # The run has ended: resuming it again refuses and leaves everything as it was.
+  rc, _, err = _run(f"--output_dir={out}", "--resume")
+  assert rc == 2 and "already ended (epoch_limit)" in err and "Traceback" not in err
+  assert not (out / "result_0.resume-2.txt").exists()
+
+
+@pytest.mark.parametrize("where", ["mid_epoch", "after_checkpoint"])
+def test_sigkill_then_resume_is_bit_identical(baseline, tmp_path, where):
+  out = tmp_path / "run"
+  p = _start(f"--output_dir={out}", "--nan_check_every=1")
+  if where == "mid_epoch":
+    ready = lambda l: (_step_of(l) or 0) >= STEPS_PER_EPOCH + 20   # noqa: E731
+  else:   # the line after the epoch-1 evaluation comes once its checkpoint is saved
+    ready = lambda l: (_step_of(l) or 0) > STEPS_PER_EPOCH   # noqa: E731
+  rc, _, _ = _kill_when(p, ready, signal.SIGKILL)
+  assert rc == -signal.SIGKILL
+  assert not (out / "summary.json").exists()               # nothing ran after the kill
+  rc, stdout, err = _run(f"--output_dir={out}", "--resume")
+  assert rc == 1, err[-3000:]
+  assert f"resumed from the checkpoint after step {STEPS_PER_EPOCH}" in stdout
+  _assert_bit_identical(_final_params(out), baseline[1])
+
+
+def test_nan_loss_stops_within_the_check_window(tmp_path):
+  out = tmp_path / "run"
+  rc, _, err = _run(f"--output_dir={out}", "--base_learning_rate=1e30", "--nan_check_every=5")
+  assert rc == 4, err[-3000:]
+  assert "Traceback" not in err
+  lines = [l for l in err.splitlines() if l.startswith("error: ")]
+  assert len(lines) == 1 and "diverged: the training loss is nan at step" in lines[0]
+  s = _summary(out)
+  assert s["ending"] == "diverged" and s["exit_status"] == 4 and s["status"] == "aborted"
+  bad = int(lines[0].split("at step ")[1].split(";")[0])
+  assert s["samples"] == bad * 32 and s["steps"] <= bad + 5     # stopped within the window
+  assert s["evals"] == [] and s["last_checkpoint_step"] is None
+  log = (out / "result_0.txt").read_text()
+  assert '"status": "aborted"' in log.strip().splitlines()[-1]
+
+
+def test_overwrite_starts_clean_and_run_indices_do_not_collide(baseline, tmp_path):
+  out = tmp_path / "run"
+  args = ["--max_epochs=1", f"--output_dir={out}"]
+  rc, _, err = _run(*args)
+  assert rc == 1, err[-2000:]
+  first = _summary(out)
+  rc, _, err = _run(*args, "--run_index=1")
+  assert rc == 1, err[-2000:]
+  assert (out / "summary_1.json").exists() and (out / "checkpoints_1").is_dir()
+  assert _summary(out)["time_to_train_s"] == first["time_to_train_s"]   # run 0's untouched
+  # An old checkpoint that --overwrite must clear: it would be resumed instead of the new run's.
+  os.rename(out / "checkpoints" / str(STEPS_PER_EPOCH), out / "checkpoints" / "999")
+  rc, _, err = _run(*args, "--overwrite", "--checkpoint_every=0")
+  assert rc == 1, err[-2000:]
+  assert not (out / "checkpoints").exists()
+  assert (out / "checkpoints_1").is_dir()                   # another run index's: kept
