@@ -57,10 +57,16 @@ _run_flag(flags.DEFINE_bool, "resume", False,
           "Continue from the newest checkpoint in --output_dir.")
 _run_flag(flags.DEFINE_bool, "overwrite", False, "Replace an existing result_<run_index>.txt.")
 _run_flag(flags.DEFINE_float, "progress_every_s", 5.0, "Seconds between progress lines.")
+_run_flag(flags.DEFINE_integer, "nan_check_every", 10, "Steps between fetches of the training "
+          "metrics to the host; a NaN or infinite loss stops the run within this many steps "
+          "(exit status 4).")
 _run_flag(flags.DEFINE_string, "coordinator_address", None, "Multi-host: host:port of process "
           "0, or 'auto' on TPU pods (also MESHPERF_COORDINATOR).")
 _run_flag(flags.DEFINE_integer, "num_processes", None, "Multi-host: number of processes.")
 _run_flag(flags.DEFINE_integer, "process_id", None, "Multi-host: this process's index.")
+_run_flag(flags.DEFINE_float, "coordinator_timeout_s", 300.0, "Multi-host: seconds to wait for "
+          "the coordinator and every process at start, and for a silent or ended peer during "
+          "the run; then one error line and exit status 6.")
 _run_flag(flags.DEFINE_bool, "compile_only", False, "Compile the train and eval steps, report "
           "memory, FLOPs, collectives and the modelled step time; train nothing.")
 _run_flag(flags.DEFINE_string, "topology", None, "With --compile_only: a TPU slice to compile "
@@ -245,7 +251,8 @@ def setup(argv: list[str], verb: str = "<benchmark>", run_flags: list[str] | Non
   )
   parse_mesh(cfg.mesh), parse_layout(cfg.layout)   # malformed strings fail before jax starts
   import optimizations  # pylint: disable=import-outside-toplevel
-  optimizations.parse(cfg.optimizations)          # unknown names fail before jax starts
+  optimizations.check_applies(   # unknown names, or one that does nothing here, fail now
+      optimizations.parse(cfg.optimizations), name, entry.dimensions())
   if FLAGS.topology:
     if not (FLAGS.compile_only or compiles_only_with_topology):
       raise UserError("--topology names a slice to compile for: add --compile_only (on a real "
@@ -254,7 +261,7 @@ def setup(argv: list[str], verb: str = "<benchmark>", run_flags: list[str] | Non
   else:
     devices.use_cpu_devices(cfg.num_cpu_devices)
     devices.maybe_initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes,
-                                         FLAGS.process_id)
+                                         FLAGS.process_id, FLAGS.coordinator_timeout_s)
   compiling = FLAGS.compile_only or (compiles_only_with_topology and FLAGS.topology)
   if compiling and not cfg.data_dir:
     # A compile-only run describes a real dataset instead of reading it: no --data_dir needed.
@@ -281,10 +288,13 @@ def main(argv: list[str]) -> int:
       submission_platform=FLAGS.submission_platform,
       submission_status=FLAGS.submission_status, checkpoint_every=FLAGS.checkpoint_every,
       submission_poc_name=FLAGS.submission_poc_name, submission_entry=FLAGS.submission_entry,
-      resume=FLAGS.resume, overwrite=FLAGS.overwrite, progress_every_s=FLAGS.progress_every_s)
+      resume=FLAGS.resume, overwrite=FLAGS.overwrite, progress_every_s=FLAGS.progress_every_s,
+      nan_check_every=FLAGS.nan_check_every)
+  for flag, least in (("nan_check_every", 1), ("checkpoint_every", 0), ("run_index", 0)):
+    if FLAGS[flag].value < least:
+      raise UserError(f"--{flag}={FLAGS[flag].value}: must be at least {least}")
   train.check_output(opts)
-  summary = train.run(cfg, name, opts)
-  return 0 if summary["status"] == "success" else 1
+  return train.run(cfg, name, opts)["exit_status"]
 
 
 def run_main(fn):
