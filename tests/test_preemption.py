@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -94,7 +93,7 @@ def baseline(tmp_path_factory):
 def test_sigterm_mid_epoch_checkpoints_and_resume_is_bit_identical(baseline, tmp_path):
   out = tmp_path / "run"
   p = _start(f"--output_dir={out}", "--nan_check_every=1")
-  rc, stdout, err = _kill_when(p, lambda l: (_step_of(l) or 0) >= STEPS_PER_EPOCH + 10,
+  rc, stdout, err = _kill_when(p, lambda line: (_step_of(line) or 0) >= STEPS_PER_EPOCH + 10,
                                signal.SIGTERM)
   assert rc == 5, err[-3000:]
   assert "Traceback" not in err
@@ -128,9 +127,9 @@ def test_sigkill_then_resume_is_bit_identical(baseline, tmp_path, where):
   out = tmp_path / "run"
   p = _start(f"--output_dir={out}", "--nan_check_every=1")
   if where == "mid_epoch":
-    ready = lambda l: (_step_of(l) or 0) >= STEPS_PER_EPOCH + 20   # noqa: E731
+    ready = lambda line: (_step_of(line) or 0) >= STEPS_PER_EPOCH + 20   # noqa: E731
   else:   # the line after the epoch-1 evaluation comes once its checkpoint is saved
-    ready = lambda l: (_step_of(l) or 0) > STEPS_PER_EPOCH   # noqa: E731
+    ready = lambda line: (_step_of(line) or 0) > STEPS_PER_EPOCH   # noqa: E731
   rc, _, _ = _kill_when(p, ready, signal.SIGKILL)
   assert rc == -signal.SIGKILL
   assert not (out / "summary.json").exists()               # nothing ran after the kill
@@ -145,7 +144,7 @@ def test_nan_loss_stops_within_the_check_window(tmp_path):
   rc, _, err = _run(f"--output_dir={out}", "--base_learning_rate=1e30", "--nan_check_every=5")
   assert rc == 4, err[-3000:]
   assert "Traceback" not in err
-  lines = [l for l in err.splitlines() if l.startswith("error: ")]
+  lines = [x for x in err.splitlines() if x.startswith("error: ")]
   assert len(lines) == 1 and "diverged: the training loss is nan at step" in lines[0]
   s = _summary(out)
   assert s["ending"] == "diverged" and s["exit_status"] == 4 and s["status"] == "aborted"
