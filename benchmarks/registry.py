@@ -1,8 +1,8 @@
 """Benchmarks by name: adding one is a folder and a line here.
 
 Each entry names a benchmark's config module (no jax: Config, PRESETS, validate, ABLATIONS,
-SPEC) and its suite module (build -> Task); see `benchmarks.task`. Suites are imported only
-when a benchmark runs.
+SPEC) and its suite module (build -> Task; DIMENSIONS); see `benchmarks.task`. Suites are
+imported only when a benchmark runs (or its DIMENSIONS are checked, which starts no jax backend).
 """
 
 from __future__ import annotations
@@ -34,6 +34,11 @@ class Entry:
 
   def build(self) -> Callable[..., Any]:
     return importlib.import_module(f"{self.package}.suite").build
+
+  def dimensions(self) -> tuple[str, ...]:
+    """The logical dimension names of the benchmark's model and data (its suite's DIMENSIONS;
+    importing the suite starts no jax backend)."""
+    return importlib.import_module(f"{self.package}.suite").DIMENSIONS
 
 
 BENCHMARKS = {name: Entry(name, package) for name, package in _MODULES.items()}

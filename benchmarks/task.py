@@ -7,7 +7,9 @@ A benchmark is one folder under `benchmarks/` with two modules, named in `benchm
 - `suite.py`: `build(cfg, replicas, process_index, process_count, shapes_only=False) -> Task`;
   with `shapes_only` a real (large) dataset is described, not read (`benchmarks.data.described`:
   its published sizes and a batch's shapes), for compile-only runs of a pod's program; the
-  task's quality/host_stats are then never called.
+  task's quality/host_stats are then never called; and `DIMENSIONS`, the logical dimension
+  names of its model's tensors and data (an optimization that needs one it lacks is refused:
+  `optimizations.check_applies`).
 The loop assumes nothing else: not the metric's direction, not how progress is counted.
 """
 

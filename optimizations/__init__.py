@@ -1,12 +1,17 @@
 """Pluggable pod-scale optimizations, chosen by name: `--optimizations=a,b:arg` (or `none`).
 
-Each optimization is one module with one `OPTIMIZATION`: a name, a one-line summary and
-`apply(plan, mesh, arg) -> plan`, which checks that it can apply (raising UserError otherwise)
-and returns the step plan with its change: a layout rule, a gradient reduction, an update
-rule, a wrapper of the gradient function, the eval placement. `arg` is the text after `:`
-(`grad_accum:4`), None when absent. The step builder (`benchmarks/step.py`) composes the plan's
-parts without knowing which optimization set them; models never see optimizations, and
-optimizations only speak to the mesh core.
+Each optimization is one module with one `OPTIMIZATION`: a name, a one-line summary, the
+logical dimensions it acts on (`needs`) and `apply(plan, mesh, arg) -> plan`, which checks that
+it can apply (raising UserError otherwise) and returns the step plan with its change: a layout
+rule, a gradient reduction, an update rule, a wrapper of the gradient function, the eval
+placement. `arg` is the text after `:` (`grad_accum:4`), None when absent. The step builder
+(`benchmarks/step.py`) composes the plan's parts without knowing which optimization set them;
+models never see optimizations, and optimizations only speak to the mesh core.
+
+A benchmark declares the logical dimensions its model and data have (`DIMENSIONS` in its
+suite module); an optimization that needs a dimension the benchmark lacks would do nothing
+there, and is refused before jax starts (`check_applies`): spatial_partitioning splits
+'height', which the Transformer and the LM do not have.
 
 Order of composition (`_MODULES`, whatever order the user wrote): spatial_partitioning (layout)
 -> grad_sum_2d (reduction phases) -> weight_update_sharding (update rule, reduction) ->
@@ -91,6 +96,8 @@ class Optimization:
   summary: str
   apply: Callable[[Plan, MeshSpec, str | None], Plan]
   argument: str = ""      # what `name:ARG` means ("" : takes none)
+  needs: tuple[str, ...] = ()   # logical dimensions it acts on: a benchmark without them
+                                # gains nothing from it (check_applies)
 
 
 def _registry() -> dict[str, Optimization]:
@@ -135,6 +142,19 @@ def parse(text: str) -> tuple[tuple[str, str | None], ...]:
 def unparse(parsed) -> str:
   """The --optimizations text of `parse`'s result (`parse(unparse(p)) == p`)."""
   return ",".join(n if a is None else f"{n}:{a}" for n, a in parsed) or "none"
+
+
+def check_applies(parsed, benchmark: str, dimensions) -> None:
+  """Refuses an optimization (of `parse`'s result) that would do nothing on a benchmark whose
+  model and data have these logical dimensions: one it needs is missing."""
+  known = _registry()
+  for name, _ in parsed:
+    missing = [d for d in known[name].needs if d not in dimensions]
+    if missing:
+      raise UserError(
+          f"--optimizations: {name} does nothing on {benchmark}: it acts on the "
+          f"{', '.join(repr(d) for d in missing)} dimension, which {benchmark}'s model does not "
+          f"have (its dimensions: {', '.join(sorted(dimensions))}); remove {name}")
 
 
 def batch_axes(layout: Layout, mesh_axes) -> tuple[str, ...]:

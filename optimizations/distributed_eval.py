@@ -16,4 +16,4 @@ def apply(plan: Plan, mesh, arg=None) -> Plan:
 
 OPTIMIZATION = Optimization(
     "distributed_eval", "eval sharded over all devices in the training program, stats reduced "
-    "on device", apply)
+    "on device", apply, needs=("batch",))

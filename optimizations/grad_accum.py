@@ -69,4 +69,4 @@ def apply(plan: Plan, mesh, arg=None) -> Plan:
 
 OPTIMIZATION = Optimization(
     "grad_accum", "K micro-batches per step, gradients summed before the reduction and update",
-    apply, argument="K, the number of micro-batches (grad_accum:4)")
+    apply, argument="K, the number of micro-batches (grad_accum:4)", needs=("batch",))

@@ -22,4 +22,5 @@ def apply(plan: Plan, mesh, arg=None) -> Plan:
 
 
 OPTIMIZATION = Optimization(
-    "grad_sum_2d", "gradients summed in two phases along two mesh axes, as one bucket", apply)
+    "grad_sum_2d", "gradients summed in two phases along two mesh axes, as one bucket", apply,
+    needs=("batch",))

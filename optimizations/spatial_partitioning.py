@@ -34,4 +34,5 @@ def apply(plan: Plan, mesh, arg=None) -> Plan:
 
 
 OPTIMIZATION = Optimization(
-    "spatial_partitioning", "image height split across a mesh axis, halo exchange by GSPMD", apply)
+    "spatial_partitioning", "image height split across a mesh axis, halo exchange by GSPMD", apply,
+    needs=("height",))

@@ -78,4 +78,5 @@ def apply(plan: Plan, mesh, arg=None) -> Plan:
 
 OPTIMIZATION = Optimization(
     "weight_update_sharding",
-    "reduce-scatter gradients, update 1/N of the weights and optimizer state, all-gather", apply)
+    "reduce-scatter gradients, update 1/N of the weights and optimizer state, all-gather", apply,
+    needs=("batch",))

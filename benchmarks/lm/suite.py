@@ -22,6 +22,9 @@ from mesh.spec import parse_layout, parse_mesh
 # Dimension names of the model's tensors other than batch and length: splitting any of them is
 # tensor (model) parallelism; splitting length would be context parallelism.
 MODEL_DIMS = ("embed", "heads", "d_kv", "d_ff", "vocab")
+# The logical dimensions of the model's tensors and its data: what a layout can split and what an
+# optimization can act on (`optimizations.check_applies`; a test checks them against the model).
+DIMENSIONS = ("batch", "length") + MODEL_DIMS
 SCHEDULE = "cosine with linear warmup"
 _PRECISION = {"float32": "fp32", "bfloat16": "bfloat16", "float64": "fp64"}
 

@@ -13,6 +13,10 @@ from benchmarks.resnet.model import ResNet
 from benchmarks.task import LossAux, Task
 from logs.mlperf import C
 
+# The logical dimensions of the model's tensors and its data: what a layout can split and what an
+# optimization can act on (`optimizations.check_applies`; a test checks them against the model).
+DIMENSIONS = ("batch", "height", "width", "channels", "in_channels", "classes")
+
 
 def schedule(cfg: Config, steps_per_epoch: int):
   """MLPerf ResNet: linear warmup reaching the base rate at the last warmup step, then

@@ -19,6 +19,10 @@ from benchmarks.task import LossAux, Task
 from logs.mlperf import C
 from mesh.errors import UserError
 
+# The logical dimensions of the model's tensors and its data: what a layout can split and what an
+# optimization can act on (`optimizations.check_applies`; a test checks them against the model).
+DIMENSIONS = ("batch", "height", "width", "channels", "in_channels")
+
 
 def anchors(cfg: Config) -> np.ndarray:
   """Default boxes (xywh) for this config's feature maps."""

@@ -17,6 +17,10 @@ from benchmarks.transformer.config import Config
 from benchmarks.transformer.model import Transformer
 from logs.mlperf import C
 
+# The logical dimensions of the model's tensors and its data: what a layout can split and what an
+# optimization can act on (`optimizations.check_applies`; a test checks them against the model).
+DIMENSIONS = ("batch", "length", "embed", "heads", "d_kv", "d_ff", "vocab")
+
 
 def schedule(cfg: Config):
   """Linear warmup, then inverse square root decay (Vaswani et al.; tensor2tensor's
