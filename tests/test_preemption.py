@@ -10,6 +10,7 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -171,3 +172,53 @@ def test_overwrite_starts_clean_and_run_indices_do_not_collide(baseline, tmp_pat
   assert rc == 1, err[-2000:]
   assert not (out / "checkpoints").exists()
   assert (out / "checkpoints_1").is_dir()                   # another run index's: kept
+
+
+def test_a_failed_save_leaves_the_previous_checkpoint_whole(tmp_path, capfd):
+  """A real write error from the OS (the file-size limit: EFBIG, as a full disk gives ENOSPC)
+  during a save: one CheckpointFailed line, no partial folder, the previous step restores."""
+  import resource  # pylint: disable=import-outside-toplevel
+
+  import jax  # pylint: disable=import-outside-toplevel
+
+  from benchmarks import checkpoints  # pylint: disable=import-outside-toplevel
+  from mesh.errors import CheckpointFailed  # pylint: disable=import-outside-toplevel
+  state = {"step": np.int32(1), "params": {"w": np.arange(300_000, dtype=np.float32)}}
+  where = {"step": 1, "seed": 0, "global_batch_size": 32, "num_train": 100, "steps_per_epoch": 3}
+  ckpt = checkpoints.Checkpoints(str(tmp_path / "checkpoints"))
+  ckpt.save(state, 1, where)
+  soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+  old = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+  resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, hard))
+  try:
+    with pytest.raises(CheckpointFailed) as e:
+      ckpt.save({**state, "step": np.int32(2)}, 2, {**where, "step": 2})
+  finally:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    signal.signal(signal.SIGXFSZ, old)
+  message = str(e.value)
+  assert "\n" not in message and "could not write the checkpoint of step 2" in message
+  assert "the checkpoint of step 1 is whole" in message
+  assert sorted(os.listdir(tmp_path / "checkpoints")) == ["1"]     # no partial step folder
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype), state)
+  restored, step, _ = ckpt.restore(abstract, where)
+  ckpt.close()
+  assert step == 1
+  np.testing.assert_array_equal(restored["params"]["w"], state["params"]["w"])
+  assert "Traceback" not in capfd.readouterr().err
+
+
+def test_resume_with_another_model_shape_is_bad_input(baseline, tmp_path):
+  """One line before any array is read (not orbax's tracebacks), and nothing written."""
+  out = tmp_path / "killed"
+  shutil.copytree(baseline[0], out)
+  os.remove(out / "summary.json")        # as a run killed before it ended leaves it
+  before = sorted(os.listdir(out))
+  p = subprocess.run([sys.executable, "-m", "benchmarks.main", "resnet", "--model_depth=10",
+                      "--model_width=16", "--global_batch_size=32", "--eval_batch_size=64",
+                      "--bn_span=4", "--max_epochs=4", f"--output_dir={out}", "--resume"],
+                     cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+  assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-3000:]
+  errors = [x for x in p.stderr.splitlines() if x.startswith("error: ")]
+  assert len(errors) == 1 and "of shape" in errors[0] and "this model's is" in errors[0]
+  assert sorted(os.listdir(out)) == before
