@@ -2,6 +2,10 @@
 program and in summary.json (exactness: test_optimizations_exact.py)."""
 
 import math
+import os
+import subprocess
+import sys
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -11,8 +15,10 @@ import pytest
 import optimizations
 from benchmarks import step as step_lib
 from benchmarks import train
+from benchmarks.registry import BENCHMARKS
 from benchmarks.resnet import suite
-from mesh import cost
+from benchmarks.scale_points import POINTS
+from mesh import cost, devices, sharding
 from mesh.errors import UserError
 from mesh.spec import parse_layout, parse_mesh
 from optimizations.weight_update_sharding import ShardedUpdate
@@ -186,3 +192,106 @@ def test_grad_accum_plan_and_log(tmp_path):
   bad = helpers.tiny_resnet(optimizations="grad_accum:3", max_epochs=1)
   with pytest.raises(UserError, match="x 3 micro-batches"):
     train.run(bad, "resnet", train.RunOptions(output_dir=str(tmp_path / "bad"), quiet=True))
+
+
+# --- an optimization that would do nothing on a benchmark is bad input ------------------------
+
+# optimization -> the benchmarks it does something on (the README's applicability table).
+APPLIES = {
+    "spatial_partitioning": {"resnet", "ssd"},          # splits the image height
+    "grad_sum_2d": set(BENCHMARKS),                     # the rest act on the batch split
+    "weight_update_sharding": set(BENCHMARKS),
+    "grad_accum": set(BENCHMARKS),
+    "distributed_eval": set(BENCHMARKS),
+}
+
+
+def _applies(opts: str, benchmark: str) -> None:
+  optimizations.check_applies(optimizations.parse(opts), benchmark,
+                              BENCHMARKS[benchmark].dimensions())
+
+
+@pytest.mark.parametrize("benchmark", sorted(BENCHMARKS))
+@pytest.mark.parametrize("name", sorted(APPLIES))
+def test_applicability_table(name, benchmark):
+  assert set(APPLIES) == set(optimizations.names())
+  opts = f"{name}:2" if name == "grad_accum" else name
+  if benchmark in APPLIES[name]:
+    _applies(opts, benchmark)
+  else:
+    with pytest.raises(UserError, match=rf"^--optimizations: {name} does nothing on "
+                       rf"{benchmark}: it acts on the 'height' dimension, which {benchmark}'s "
+                       rf"model does not have \(its dimensions: batch, d_ff, .*\); remove {name}$"):
+      _applies(f"distributed_eval,{opts}", benchmark)
+
+
+def test_every_preset_ablation_and_scale_point_is_applicable():
+  """What the project itself runs passes the check: every preset, `./run.sh ablate` row and
+  `./run.sh scale` point of every benchmark."""
+  checked = 0
+  for name, entry in BENCHMARKS.items():
+    mod = entry.config()
+    runs = [(f"--config={p}", c.optimizations) for p, c in mod.PRESETS.items()]
+    runs += [(f"ablation {row[0]}", row[3]) for row in mod.ABLATIONS]
+    preset = mod.PRESETS.get("tpu-v3-2048")
+    runs += [(f"scale point {chips}", pt.overrides.get("optimizations", preset.optimizations))
+             for chips, pt in POINTS.get(name, {}).items()]
+    for what, opts in runs:
+      try:
+        _applies(opts, name)
+      except UserError as e:
+        pytest.fail(f"{name} {what}: {e}")
+      checked += 1
+  assert checked > 40
+
+
+def test_cli_refuses_an_optimization_that_does_nothing(tmp_path):
+  out = tmp_path / "out"
+  env = dict(os.environ)
+  env.pop("XLA_FLAGS", None)
+  env["MESHPERF_CACHE"] = os.path.join(tempfile.gettempdir(), "meshperf-test-cache")
+  p = subprocess.run([sys.executable, "-m", "benchmarks.main", "transformer",
+                      "--optimizations=spatial_partitioning", f"--output_dir={out}"],
+                     cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), env=env,
+                     capture_output=True, text=True, timeout=300, check=False)
+  assert p.returncode == 2, p.stderr
+  assert "Traceback" not in p.stderr + p.stdout
+  lines = p.stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith(
+      "error: --optimizations: spatial_partitioning does nothing on transformer"), p.stderr
+  assert not out.exists() or not any(out.iterdir())
+
+
+class _Recording(sharding.Sharder):
+  """A sharder that notes every dimension name it is asked to place."""
+  seen: set = set()
+
+  def spec(self, names, shape=None, what="tensor"):
+    _Recording.seen.update(n for n in names if n)
+    return super().spec(names, shape, what)
+
+
+@pytest.mark.parametrize("benchmark", sorted(BENCHMARKS))
+def test_declared_dimensions_are_the_models(benchmark):
+  """A suite's DIMENSIONS are exactly the names its model's parameters, its data and its
+  activations (`constrain`, traced in the loss and the eval step) use: an optimization is
+  refused only for a dimension the model really lacks."""
+  from flax import linen as nn
+  entry = BENCHMARKS[benchmark]
+  task = entry.build()(entry.config().PRESETS["tiny"], replicas=1)
+  boxed = jax.eval_shape(task.init, jax.random.key(0))
+  seen = {n for leaf in jax.tree.leaves(sharding.names_of(boxed),
+                                        is_leaf=lambda x: isinstance(x, tuple)) for n in leaf}
+  seen |= {n for names in task.data.names.values() for n in names}
+  variables = nn.unbox(boxed)
+  params, model_state = variables["params"], {k: v for k, v in variables.items()
+                                              if k != "params"}
+  shapes = [{k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in b.items()}
+            for b in task.data.example_batches()]
+  _Recording.seen = set()
+  rec = _Recording(devices.make_mesh(parse_mesh("data:8")), parse_layout(""))
+  with sharding.use(rec):
+    jax.eval_shape(task.loss, params, model_state, shapes[0], jax.random.key(0))
+    jax.eval_shape(task.eval_stats, params, model_state, shapes[1])
+  seen = (seen | _Recording.seen) - {None}
+  assert seen == set(entry.dimensions()), (sorted(seen), entry.dimensions())
