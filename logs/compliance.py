@@ -137,9 +137,18 @@ def main(argv: list[str]) -> int:
     if not r.ok:
       for m in r.messages:
         print("    " + m.replace("\n", "\n    "))
+  from logs import resumed  # pylint: disable=import-outside-toplevel
+  not_results = 0
+  for log in dict.fromkeys(r.path for r in results):
+    why = resumed.verdict(log)
+    if why:
+      not_results += 1
+      print(f"NOT A RESULT  {log}\n    {why}")
   failed = sum(not r.ok for r in results)
-  print(f"{len(results) - failed} passed, {failed} failed")
-  return 1 if failed else 0
+  print(f"{len(results) - failed} passed, {failed} failed"
+        + (f"; {not_results} log(s) not a valid MLPerf result (interrupted or resumed)"
+           if not_results else ""))
+  return 1 if failed or not_results else 0
 
 
 if __name__ == "__main__":

@@ -116,6 +116,12 @@ def test_sigterm_mid_epoch_checkpoints_and_resume_is_bit_identical(baseline, tmp
   assert resumed.count('"key": "init_start"') == 1 and '"meshperf_resumed"' in resumed
   _assert_bit_identical(_final_params(out), baseline[1])
   assert _summary(out)["ending"] == "epoch_limit"
+  # `check` says plainly that neither part is a valid MLPerf result.
+  p = subprocess.run([sys.executable, "-m", "logs.compliance", str(out)], cwd=ROOT,
+                     capture_output=True, text=True, timeout=600, check=False)
+  assert p.returncode == 1, p.stdout + p.stderr
+  assert "INTERRUPTED run, resumed in result_0.resume-1.txt" in p.stdout
+  assert f"RESUMED run (attempt 1, continued from step {stopped} of result_0.txt)" in p.stdout
 
   # The run has ended: resuming it again refuses and leaves everything as it was.
   rc, _, err = _run(f"--output_dir={out}", "--resume")
