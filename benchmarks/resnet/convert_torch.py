@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import argparse
 import functools
+import pickle
+import re
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -150,6 +152,15 @@ def convert(state_dict: Mapping[str, Any], depth: int) -> dict[str, dict]:
   return variables
 
 
+def _why(e: Exception) -> str:
+  """One line of an exception's message. torch's weights-only refusal runs to a paragraph; the
+  first sentence after 'WeightsUnpickler error:' names what was refused."""
+  text = str(e)
+  m = re.search(r"WeightsUnpickler error: (.*?)(\.\s|\n|$)", text)
+  line = m.group(1) if m else " ".join(text.split())
+  return line if len(line) <= 200 else line[:200] + "..."
+
+
 def _torch_state_dict(path: str) -> dict[str, np.ndarray]:
   try:
     import torch  # pylint: disable=import-outside-toplevel
@@ -157,14 +168,21 @@ def _torch_state_dict(path: str) -> dict[str, np.ndarray]:
     print("pip install torch to convert; the converted .npz needs no torch", file=sys.stderr)
     sys.exit(2)
   try:
-    loaded = torch.load(path, map_location="cpu")
+    # Tensors and plain containers only: unpickling anything else can run code of the file's
+    # choosing (a __reduce__ that calls os.system), so a file that needs it is refused.
+    loaded = torch.load(path, map_location="cpu", weights_only=True)
   except Exception as e:  # pylint: disable=broad-except
-    raise UserError(f"{path}: cannot torch.load it ({type(e).__name__}: {e})") from None
+    if isinstance(e, pickle.UnpicklingError) and "Weights only load failed" in str(e):
+      raise UserError(f"{path}: refused: it holds more than weights ({_why(e)}), and unpickling "
+                      f"it could run code from the file; save the weights with "
+                      f"torch.save(model.state_dict(), path)") from None
+    if isinstance(e, TypeError) and "weights_only" in str(e):
+      raise UserError(f"torch {getattr(torch, '__version__', '')} cannot load weights only; "
+                      f"pip install 'torch>=1.13'") from None
+    raise UserError(f"{path}: cannot torch.load it ({type(e).__name__}: {_why(e)})") from None
   for key in ("state_dict", "model"):
     if isinstance(loaded, Mapping) and isinstance(loaded.get(key), Mapping):
       loaded = loaded[key]
-  if isinstance(loaded, torch.nn.Module):
-    loaded = loaded.state_dict()
   if not isinstance(loaded, Mapping):
     raise UserError(f"{path}: holds a {type(loaded).__name__}, not a state dict; save "
                     "model.state_dict() with torch.save")
