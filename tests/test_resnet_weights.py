@@ -21,7 +21,7 @@ from benchmarks.common import weights
 from benchmarks.resnet import convert_torch
 from benchmarks.resnet.convert_torch import convert
 from benchmarks.resnet.model import ResNet
-from benchmarks.train import _Checkpoints
+from benchmarks.checkpoints import Checkpoints
 from mesh.errors import UserError
 
 TORCHVISION = {18: ((2, 2, 2, 2), False), 34: ((3, 4, 6, 3), False), 50: ((3, 4, 6, 3), True)}
@@ -217,8 +217,12 @@ class _Tensor:
 
 def test_main_converts_a_torch_file(tmp_path, monkeypatch, capsys):
   sd = torchvision_state_dict(18, classes=10)
+
+  def fake_load(path, map_location, weights_only=False):  # pylint: disable=unused-argument
+    assert weights_only is True              # never unpickle code from a downloaded file
+    return {"state_dict": {k: _Tensor(v) for k, v in sd.items()}}
   fake_torch = types.SimpleNamespace(
-      load=lambda path, map_location: {"state_dict": {k: _Tensor(v) for k, v in sd.items()}},
+      load=fake_load,
       nn=types.SimpleNamespace(Module=type("Module", (), {})))
   monkeypatch.setitem(sys.modules, "torch", fake_torch)
   out = tmp_path / "resnet18.npz"
@@ -275,11 +279,11 @@ def _small_state(offset: float):
 
 
 def test_load_from_training_checkpoints(tmp_path):
-  ckpt = _Checkpoints(str(tmp_path / "checkpoints"))
+  ckpt = Checkpoints(str(tmp_path / "checkpoints"))
   old, new = _small_state(0.0), _small_state(1.0)
   try:
-    ckpt.save(old, 1)
-    ckpt.save(new, 2)
+    ckpt.save(old, 1, {})
+    ckpt.save(new, 2, {})
   finally:
     ckpt.close()
   want_new = _flat({"params": new["params"], "batch_stats": new["model_state"]["batch_stats"]})
@@ -301,10 +305,10 @@ def test_load_rejects_what_is_not_resnet_weights(tmp_path):
   np.savez(tmp_path / "bert.npz", **{"params/encoder/kernel": np.zeros((3, 3))})
   with open(tmp_path / "resnet34.pth", "wb") as f:               # a zip, like torch.save's
     np.savez(f, **{"archive/data.pkl": np.zeros(3)})
-  ckpt = _Checkpoints(str(tmp_path / "transformer" / "checkpoints"))
+  ckpt = Checkpoints(str(tmp_path / "transformer" / "checkpoints"))
   try:
     ckpt.save({"step": jnp.array(1), "params": {"embed": {"embedding": jnp.ones((4, 2))}},
-               "model_state": {}, "opt_state": {}}, 1)
+               "model_state": {}, "opt_state": {}}, 1, {})
   finally:
     ckpt.close()
   cases = [("missing.npz", "does not exist"), ("transformer", "no batch_stats"),
