@@ -305,14 +305,6 @@ def _setup(cfg, entry, opts: RunOptions, log: MLPerfLog, say):
 def run(cfg, benchmark: str, opts: RunOptions) -> dict[str, Any]:
   """Trains `cfg` of the registered `benchmark` and returns the summary (also in
   summary.json): its "ending" says how the run ended and "exit_status" the status for it."""
-  signals = stops.Signals()
-  try:
-    return _run(cfg, benchmark, opts, signals)
-  finally:
-    signals.restore()
-
-
-def _run(cfg, benchmark: str, opts: RunOptions, signals: stops.Signals) -> dict[str, Any]:
   wall_start = time.time()
   entry, writer = registry.BENCHMARKS[benchmark], jax.process_index() == 0
   spec = entry.spec
@@ -327,18 +319,20 @@ def _run(cfg, benchmark: str, opts: RunOptions, signals: stops.Signals) -> dict[
   say(f"compiled in {program.compile_s:.1f}s: {_flops_str(program.step_cost)} per device per "
       f"step, {program.step_cost['memory_per_device'].get('total_bytes', 0) / 2**20:.1f} MiB "
       f"per device, collectives {_coll_str(program.step_cost['collectives'])}")
-  if signals.received:
-    raise errors.Preempted(f"{signals.received} before training started; nothing was written")
   if opts.overwrite and writer:
     _clear_for_overwrite(opts)
   if opts.overwrite and jax.process_count() > 1:
     from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
     multihost_utils.sync_global_devices("meshperf: --overwrite cleared")
   ckpt = checkpoints.Checkpoints(checkpoint_dir(opts))
+  # From here on a signal stops the run after a step, with a checkpoint; during the setup it
+  # acts as usual (nothing to save: SIGTERM ends the process, Ctrl-C is status 5).
+  signals = stops.Signals()
   try:
     return _train(cfg, entry, opts, signals, log, say, task, program, state, ckpt, wall_start,
                   target, writer)
   finally:
+    signals.restore()
     ckpt.close()
 
 

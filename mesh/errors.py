@@ -35,7 +35,3 @@ class CheckpointFailed(RunEnded):
   """A checkpoint could not be written; the previous checkpoint is still whole."""
   status = EXIT_CHECKPOINT
 
-
-class Preempted(RunEnded):
-  """SIGTERM or SIGINT before anything could be saved (e.g. during compilation)."""
-  status = EXIT_PREEMPTED
