@@ -22,7 +22,7 @@ from typing import Any
 import jax
 
 import optimizations
-from benchmarks import checkpoints, registry, stops
+from benchmarks import checkpoints, prefetch, registry, stops
 from benchmarks.config import eval_points
 from benchmarks.step import Program, compile_program, evaluate, global_batch
 from benchmarks.task import Spec, Task
@@ -50,6 +50,7 @@ class RunOptions:
   overwrite: bool = False
   progress_every_s: float = 5.0
   nan_check_every: int = 10         # steps between metric fetches (a NaN stops the run within)
+  prefetch: int = 2                 # batches prepared and placed on the devices ahead of the step
   quiet: bool = False
 
 
@@ -356,7 +357,9 @@ def _train(cfg, entry, opts, signals, log, say, task, program, state, ckpt, wall
   status, quality, error, ending, stop = C.ABORTED, None, None, "crashed", None
   progress = _Progress(cfg.max_epochs * data.steps_per_epoch, data.steps_per_epoch,
                        cfg.global_batch_size, opts.progress_every_s, not writer or opts.quiet)
-  batches = _batches(data, step)
+  shardings = program.batch_shardings
+  batches = prefetch.Prefetch(((s, global_batch(local, shardings))
+                               for s, local in _batches(data, step)), depth=opts.prefetch)
   metrics: dict = {}
   where = lambda s: checkpoints.position(s, data.steps_per_epoch, cfg, data.num_train)  # noqa: E731
   try:
@@ -401,6 +404,7 @@ def _train(cfg, entry, opts, signals, log, say, task, program, state, ckpt, wall
     ending, error = "crashed", f"{type(e).__name__}: {e}"
     raise
   finally:
+    batches.close()
     run_stop = time.time()
     log.end(C.RUN_STOP, metadata={C.STATUS: status})
     log.close()
@@ -485,11 +489,10 @@ def _train_block(program: Program, state, block: Block, batches, log: MLPerfLog,
   metrics: dict = {}
   single = jax.process_count() == 1
   for k in range(block.steps):
-    step, local = next(batches)
+    step, batch = next(batches)
     epoch, i = divmod(step, per_epoch)
     if spec.cadence == "epochs" and (i == 0 or k == 0 and block.first_step % per_epoch):
       log.start(C.EPOCH_START, metadata={C.EPOCH_NUM: epoch + 1})
-    batch = global_batch(local, program.batch_shardings)
     state, m = program.train(state, batch)
     window.add(step, m)
     last = k == block.steps - 1
