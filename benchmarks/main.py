@@ -21,7 +21,7 @@ from absl import flags
 
 from benchmarks import config as config_lib
 from benchmarks.registry import BENCHMARKS
-from mesh import errors
+from mesh import devices, errors
 from mesh.errors import UserError
 
 FLAGS = flags.FLAGS
@@ -313,11 +313,16 @@ def run_main(fn):
   except KeyboardInterrupt:
     print("interrupted", file=sys.stderr)
     code = errors.EXIT_PREEMPTED
-  except Exception:  # pylint: disable=broad-except
-    traceback.print_exc()
-    code = errors.EXIT_CRASHED
+  except Exception as e:  # pylint: disable=broad-except
+    lost = devices.peer_lost(e)     # multi-host: a failed collective is a lost peer, not a bug
+    if lost is None:
+      traceback.print_exc()
+      code = errors.EXIT_CRASHED
+    else:
+      print(f"error: {lost}", file=sys.stderr)
+      code = lost.status
   sys.stdout.flush()
-  sys.exit(code)
+  devices.exit_process(code)
 
 
 if __name__ == "__main__":
