@@ -1,0 +1,304 @@
+"""Multi-host runs as real processes: two on loopback (jax.distributed, gloo collectives on CPU),
+4 simulated CPU devices each, against one process with 8.
+
+- In float64 the two-process run equals the one-process run: every evaluation's train loss to
+  1e-12 and every final parameter to 1e-9 (measured: losses to 2e-16, parameters to 8e-15
+  absolute), so the float32 drift between them (README) is rounding. Only process 0 prints and
+  writes the MLPerf log and summary.json.
+- Each process reads its own half of every global batch (the data module, in process).
+- A process that cannot reach --coordinator_address, or a coordinator whose peers never join,
+  gives up after --coordinator_timeout_s: one `error:` line, exit status 6.
+- A peer SIGKILLed mid-run: the survivor (process 0) exits with status 6 and an `error:` line
+  naming process 1 within --coordinator_timeout_s.
+- Three processes (a loop of tiny collectives): a frozen peer, a crashed one and a killed
+  coordinator. The last is jax's to handle: it aborts the others from C++ at once.
+
+About 2.5 minutes on 2 busy cores, nearly all of it compiling ResNet steps in 5 processes.
+"""
+
+import glob
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from benchmarks.common import weights
+from benchmarks.resnet import data as resnet_data
+from tests.helpers import assert_same_run, tiny_resnet
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# ResNet-10 of width 8 in float64, batches of 512 digits: 2 steps per epoch, an evaluation (and
+# a train loss in summary.json) after each, 10 steps, a checkpoint at the end.
+FLOAT64 = ["resnet", "--config=tiny", "--dtype=float64", "--global_batch_size=512",
+           "--schedule_epochs=5", "--warmup_epochs=1", "--progress_every_s=0"]
+
+
+def _env(x64=True):
+  env = dict(os.environ)
+  env.pop("XLA_FLAGS", None)        # the normal XLA level: level 0 runs these steps 20x slower
+  # No persistent compilation cache: only process 0 writes it and process 1's keys differ, so
+  # with a warm cache process 0 reaches the first collective while process 1 still compiles,
+  # and gloo gives up after 30 s.
+  env.pop("JAX_COMPILATION_CACHE_DIR", None)
+  env["JAX_PLATFORMS"] = "cpu"
+  if x64:
+    env["JAX_ENABLE_X64"] = "1"
+  return env
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _start(args, out, name, x64=True):
+  """A run with its stdout and stderr in out/<name>.out and out/<name>.err."""
+  return subprocess.Popen([sys.executable, "-m", "benchmarks.main", *args], cwd=ROOT,
+                          env=_env(x64), stdout=open(out / f"{name}.out", "w"),
+                          stderr=open(out / f"{name}.err", "w"), text=True)
+
+
+def _pair(args, out, port, timeout_s=None, x64=True):
+  extra = [f"--coordinator_timeout_s={timeout_s}"] if timeout_s else []
+  return [_start([*args, "--num_cpu_devices=4", f"--coordinator_address=127.0.0.1:{port}",
+                  "--num_processes=2", f"--process_id={i}", *extra], out, f"p{i}", x64)
+          for i in range(2)]
+
+
+def _stop(procs):
+  for p in procs:
+    if p.poll() is None:
+      p.kill()
+    p.wait(timeout=60)
+
+
+def _read(out, name):
+  return (out / name).read_text()
+
+
+def _ours(text):
+  """The lines of a run's stdout but gloo's own (its C++ prints each connection)."""
+  return [line for line in text.splitlines() if not line.startswith("[Gloo]")]
+
+
+def _wait_for(path, needle, procs, timeout):
+  t = time.time()
+  while time.time() - t < timeout:
+    if path.exists() and needle in path.read_text():
+      return
+    dead = [p.returncode for p in procs if p.poll() is not None]
+    assert not dead, f"a process ended (status {dead}) before {needle!r}:\n{path.read_text()}"
+    time.sleep(0.2)
+  raise AssertionError(f"no {needle!r} in {path} after {timeout} s")
+
+
+def _exit_times(procs, timeout):
+  """Seconds from now until each process ends (polled every 0.1 s)."""
+  t, times = time.time(), [None] * len(procs)
+  while None in times and time.time() - t < timeout:
+    for i, p in enumerate(procs):
+      if times[i] is None and p.poll() is not None:
+        times[i] = time.time() - t
+    time.sleep(0.1)
+  assert None not in times, f"still running {timeout} s after the kill: {times}"
+  return times
+
+
+def _losses(out_dir):
+  with open(os.path.join(out_dir, "summary.json")) as f:
+    evals = json.load(f)["evals"]
+  return np.array([e["train_loss"] for e in evals]), [e["quality"] for e in evals]
+
+
+def test_two_processes_equal_one_in_float64(tmp_path):
+  args = [*FLOAT64, "--max_epochs=5", "--checkpoint_every=5"]
+  one, two = tmp_path / "one", tmp_path / "two"
+  procs = [_start([*args, "--num_cpu_devices=8", f"--output_dir={one}"], tmp_path, "one")]
+  procs += _pair([*args, f"--output_dir={two}"], tmp_path, _free_port())  # one output_dir: orbax
+  try:                                                    # writes each process's shards into it
+    for p in procs:
+      p.wait(timeout=600)
+  finally:
+    _stop(procs)
+  for p, name in zip(procs, ("one", "p0", "p1")):
+    assert p.returncode == 1, (name, _read(tmp_path, f"{name}.err")[-3000:])  # 1: epoch limit
+  assert "8 cpu device(s), 2 process(es)" in _read(tmp_path, "p0.out")
+  assert _ours(_read(tmp_path, "p1.out")) == []         # only process 0 speaks ...
+  assert [os.path.basename(f) for f in glob.glob(str(two / "result_*.txt"))] == ["result_0.txt"]
+  log = (two / "result_0.txt").read_text()              # ... and writes the log, once
+  assert log.count('"key": "run_start"') == 1 and log.count('"key": "run_stop"') == 1
+
+  losses, quality = _losses(two)
+  base_losses, base_quality = _losses(one)
+  assert len(losses) == 5 and quality == base_quality
+  params, base_params = weights.load(str(two)), weights.load(str(one))
+  assert params["params"]["stem"]["kernel"].dtype == np.float64
+  assert_same_run(losses, params, base_losses, base_params)
+
+
+def test_each_process_reads_half_of_every_batch():
+  cfg = tiny_resnet(global_batch_size=64, eval_batch_size=64)
+  one = resnet_data.make(cfg)
+  halves = [resnet_data.make(cfg, process_index=i, process_count=2) for i in range(2)]
+  assert halves[0].steps_per_epoch == halves[1].steps_per_epoch == one.steps_per_epoch
+  for epoch in (0, 1):
+    whole = list(one.train(epoch))
+    parts = [list(h.train(epoch)) for h in halves]
+    for step, batch in enumerate(whole):
+      a, b = parts[0][step], parts[1][step]
+      assert len(a["label"]) == len(b["label"]) == 32
+      for k in batch:      # process 0 has the first half of the global batch, process 1 the rest
+        np.testing.assert_array_equal(np.concatenate([a[k], b[k]]), batch[k])
+  evals = [[b for b in h.eval()] for h in halves]
+  seen = [np.concatenate([b["image"][b["mask"] > 0] for b in e]) for e in evals]
+  whole = np.concatenate([b["image"][b["mask"] > 0] for b in one.eval()])
+  assert len(seen[0]) + len(seen[1]) == len(whole) == one.num_eval
+  assert _rows(seen[0]) | _rows(seen[1]) == _rows(whole)
+
+
+def _rows(x):
+  return {r.tobytes() for r in x.reshape(len(x), -1)}
+
+
+def test_unreachable_coordinator_ends_with_status_6(tmp_path):
+  """Process 1 with no coordinator, and a coordinator (process 0) whose peer never comes."""
+  args = ["resnet", "--config=tiny", "--num_cpu_devices=4", "--num_processes=2",
+          "--coordinator_timeout_s=5", f"--output_dir={tmp_path / 'run'}"]
+  t = time.time()
+  procs = [_start([*args, f"--process_id={i}", f"--coordinator_address=127.0.0.1:{_free_port()}"],
+                  tmp_path, f"p{i}", x64=False) for i in range(2)]
+  try:
+    for p in procs:
+      p.wait(timeout=120)
+  finally:
+    _stop(procs)
+  assert time.time() - t < 60
+  for i, p in enumerate(procs):
+    err = _read(tmp_path, f"p{i}.err")
+    assert p.returncode == 6, err
+    assert len(err.splitlines()) == 1 and err.startswith("error: "), err
+    assert "within 5 s (--coordinator_timeout_s)" in err
+    assert _ours(_read(tmp_path, f"p{i}.out")) == []
+  assert "process 1 of 2 could not reach the coordinator at 127.0.0.1:" in _read(tmp_path, "p1.err")
+  assert "the 2 processes did not all join at 127.0.0.1:" in _read(tmp_path, "p0.err")
+  assert not os.path.exists(tmp_path / "run")
+
+
+def test_killed_peer_ends_the_other(tmp_path):
+  """SIGKILL process 1 mid-run (after the first evaluation): process 0's watchdog sees its
+  heartbeats stop and ends the run with status 6 within --coordinator_timeout_s."""
+  args = ["resnet", "--config=tiny", "--global_batch_size=512", "--max_epochs=1000",
+          "--progress_every_s=0", f"--output_dir={tmp_path / 'run'}"]
+  timeout_s = 15
+  procs = _pair(args, tmp_path, _free_port(), timeout_s=timeout_s, x64=False)
+  try:
+    _wait_for(tmp_path / "p0.out", "epoch 1: ", procs, 400)
+    procs[1].send_signal(signal.SIGKILL)
+    (took,) = _exit_times(procs[:1], timeout_s + 60)
+  finally:
+    _stop(procs)
+  err = _read(tmp_path, "p0.err")
+  assert procs[0].returncode == 6, err[-3000:]
+  assert err.splitlines()[-1].startswith("error: lost process 1 of 2: it stopped sending "
+                                         "heartbeats"), err[-3000:]
+  assert "Traceback" not in err and "Check failure" not in err
+  assert took < timeout_s + 30, took
+  print(f"process 0 exited {took:.1f} s after process 1 was killed")
+
+
+# Three processes of a loop of tiny collectives (no model: seconds to start), ending through
+# benchmarks.main.run_main like a run.
+_WORKER = '''
+import sys, time
+from benchmarks.main import run_main
+from mesh import devices
+
+def main(argv):
+  port, n, me, crash = argv[1], int(argv[2]), int(argv[3]), argv[4] == "crash"
+  devices.use_cpu_devices(1)
+  devices.maybe_initialize_distributed(f"127.0.0.1:{port}", n, me, 6)
+  import jax, numpy as np
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+  mesh = Mesh(np.array(jax.devices()), ("d",))
+  total = jax.jit(lambda x: x.sum(), out_shardings=NamedSharding(mesh, P()))
+  x = jax.make_array_from_callback((n,), NamedSharding(mesh, P("d")), lambda i: np.ones(n)[i])
+  float(total(x))
+  print("training", flush=True)
+  t = time.time()
+  while True:
+    float(total(x))
+    if crash and time.time() - t > 3:
+      raise RuntimeError("a bug")
+    time.sleep(0.05)
+
+run_main(main)
+'''
+
+
+def test_three_processes_end_together(tmp_path):
+  """--coordinator_timeout_s=6, three clusters of 3 processes at once:
+  - process 2 frozen (SIGSTOP): process 0's watchdog finds it silent and ends with status 6
+    naming it, after marking itself failed; process 1 reads that and ends with status 6 too.
+  - process 1 crashes (a Python exception): status 3 and its traceback; it marks itself
+    failed and skips jax's shutdown barrier, so 0 and 2 end at once with status 6.
+  - process 0 (the coordinator) SIGKILLed: jax aborts 1 and 2 from C++ within a second
+    (SIGABRT): nothing in Python runs."""
+  (tmp_path / "worker.py").write_text(_WORKER)
+  env = {**_env(x64=False), "PYTHONPATH": ROOT}
+  clusters = {}
+  for name in ("stop", "crash", "coordinator"):
+    port = _free_port()
+    clusters[name] = [subprocess.Popen(
+        [sys.executable, str(tmp_path / "worker.py"), str(port), "3", str(i),
+         "crash" if name == "crash" and i == 1 else "-"], cwd=ROOT, env=env,
+        stdout=open(tmp_path / f"{name}{i}.out", "w"),
+        stderr=open(tmp_path / f"{name}{i}.err", "w")) for i in range(3)]
+  every = [p for c in clusters.values() for p in c]
+  try:
+    for name, c in clusters.items():
+      for i in range(3):
+        _wait_for(tmp_path / f"{name}{i}.out", "training", c if name != "crash" else [], 120)
+    clusters["stop"][2].send_signal(signal.SIGSTOP)
+    clusters["coordinator"][0].send_signal(signal.SIGKILL)
+    stop_s, coordinator_s = (_exit_times(c, 60) for c in (
+        clusters["stop"][:2], clusters["coordinator"][1:]))
+    _exit_times(clusters["crash"], 60)
+  finally:
+    for p in every:
+      if p.poll() is None:
+        p.send_signal(signal.SIGCONT)
+    _stop(every)
+  def err(name):
+    return _read(tmp_path, f"{name}.err")
+
+  def last(name):
+    return err(name).strip().splitlines()[-1]
+
+  assert [p.returncode for p in clusters["stop"][:2]] == [6, 6], err("stop0") + err("stop1")
+  assert last("stop0").startswith("error: lost process 2 of 3: it stopped sending heartbeats")
+  assert last("stop1").startswith("error: process 0 of 3 ended with status 6: lost process 2 of "
+                                  "3: it stopped sending heartbeats")
+  assert max(stop_s) < 6 + 20, stop_s
+
+  assert [p.returncode for p in clusters["crash"]] == [6, 3, 6]
+  assert "RuntimeError: a bug" in err("crash1")
+  for name in ("crash0", "crash2"):
+    assert len(err(name).splitlines()) == 1 and last(name).startswith("error: "), err(name)
+  ended = {name: os.path.getmtime(tmp_path / f"{name}.err")   # when each wrote its end
+           for name in ("crash0", "crash1", "crash2")}
+  crash_s = max(ended["crash0"], ended["crash2"]) - ended["crash1"]
+  assert crash_s < 20, crash_s
+
+  for i in (1, 2):
+    assert clusters["coordinator"][i].returncode == -signal.SIGABRT
+    assert "Terminating process because the JAX distributed service detected fatal errors" in (
+        err(f"coordinator{i}"))
+  assert max(coordinator_s) < 10, coordinator_s
+  print(f"frozen peer: others ended after {max(stop_s):.1f} s; crashed peer: "
+        f"{crash_s:.1f} s; killed coordinator: {max(coordinator_s):.1f} s")
