@@ -6,6 +6,7 @@
 #   ./run.sh ablate <benchmark> [--flags]     each optimization on/off, side by side
 #   ./run.sh install tpu|cuda12|cuda13        the JAX wheels of an accelerator (CPU-only until then)
 #   ./run.sh scale <benchmark>|all [--chips=16,64]  Google's v0.6 TPU-v3 minutes, predicted beside published
+#   ./run.sh perf [--quick] [--flags]         meshperf's ResNet step against a hand-written one (runs/perf/)
 # On first use it creates .venv and installs the project (pinned versions) into it.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -26,7 +27,7 @@ bootstrap() {
 }
 
 usage() {
-  sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//' >&2
 }
 
 # The `tpu` extra (libtpu): on first use of --topology, and for the tests that compile for TPU
@@ -70,6 +71,9 @@ case "$verb" in
   scale)
     shift; bootstrap; install_extra tpu
     exec "$VENV/bin/python" -m benchmarks.scale "$@" ;;
+  perf)
+    shift; bootstrap
+    exec "$VENV/bin/python" -m benchmarks.perf "$@" ;;
   *)
     shift; bootstrap
     if wants_topology "$@"; then install_extra tpu; fi

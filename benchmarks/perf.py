@@ -1,0 +1,499 @@
+"""`./run.sh perf`: meshperf's compiled ResNet training step against a plain hand-written one.
+
+Issue 13's performance targets, measured side by side in one run:
+
+  1. meshperf's compiled ResNet step (`benchmarks.step`, `--optimizations=none`, data-parallel)
+     against the hand-written baseline of `benchmarks.perf_baseline` (Flax ResNet with
+     cross-replica batch norm, `jax.pmap`, `lax.pmean` of the gradients, optax SGD): same
+     model (parameter counts asserted equal), batch, devices and FLOPs (XLA's cost analysis of
+     both compiled programs, within 1%). Target: ratio <= 1.00, on every device count.
+  2. a step through the harness against the bare compiled step: not measured yet.
+  4. N devices against 1 device at the same global batch: ResNet's measured here (meshperf's
+     step); the other benchmarks not measured yet.
+  6. compile time of each CPU default's steps (train and eval, as `--compile_only` compiles
+     them), against the reference in REFERENCE_COMPILE_S: met when none grew by more than
+     COMPILE_SLACK.
+
+The machine may be noisy: the two steps alternate (A B, then B A, ...) for `--rounds` rounds of
+`--steps` steps each, after warmup steps; the report gives each step's median ms/step and the
+median of the per-round ratios (each round's two timings are adjacent in time, so slow drift in
+the machine's load cancels). Writes perf.json and perf.md under --output_dir (default
+runs/perf/<timestamp>), prints the table, and ends with `perf: N of M targets met`.
+
+Runs unchanged on a GPU host: with a CUDA plugin installed (`./run.sh install cuda12`) it uses
+the real devices, else it simulates `--num_cpu_devices` (default 8) CPU devices.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import os
+import re
+import statistics
+import sys
+import time
+from collections import Counter
+from typing import Any
+
+# Issue 13 target 6: compile seconds of each CPU default's train + eval steps, measured by
+# `./run.sh perf` on this project's 2-core machine (8 simulated CPU devices, other work running),
+# 2026-12-01. A later run meets the target while none exceeds its reference by COMPILE_SLACK.
+REFERENCE_COMPILE_S = {"resnet": None, "transformer": None, "ssd": None, "lm": None}
+COMPILE_SLACK = 1.25          # compile times on a shared machine vary by ~10-20% run to run
+FLOPS_TOLERANCE = 0.01
+
+
+class ArgError(Exception):
+  pass
+
+
+class _Parser(argparse.ArgumentParser):
+  def error(self, message):
+    raise ArgError(message)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+  p = _Parser(prog="./run.sh perf", description=__doc__.split("\n\n")[0])
+  p.add_argument("--quick", action="store_true",
+                 help="a smoke run: ResNet-10 of width 8, 32 px, 10 classes, batch 32, few rounds")
+  p.add_argument("--depth", type=int, default=None, help="ResNet depth (default 50)")
+  p.add_argument("--width", type=int, default=None, help="channels of the first stage (64)")
+  p.add_argument("--image_size", type=int, default=None, help="pixels (default 64)")
+  p.add_argument("--num_classes", type=int, default=None, help="classes (default 1000)")
+  p.add_argument("--batch", type=int, default=None, help="global batch (default 64)")
+  p.add_argument("--bn", choices=("cross", "local"), default="cross",
+                 help="cross: batch-norm statistics over the whole global batch (cross-replica;"
+                      " meshperf --bn_span=batch); local: each replica's own examples")
+  p.add_argument("--devices", default="all,1",
+                 help="device counts to measure, e.g. all,1 or 8,4,1 (all: every device)")
+  p.add_argument("--rounds", type=int, default=None, help="alternating rounds (default 15)")
+  p.add_argument("--steps", type=int, default=None, help="steps per program per round (2)")
+  p.add_argument("--warmup", type=int, default=2, help="untimed steps of each program first")
+  p.add_argument("--num_cpu_devices", type=int, default=8,
+                 help="simulated CPU devices when no accelerator plugin is installed")
+  p.add_argument("--compile_defaults", choices=("auto", "yes", "no"), default="auto",
+                 help="target 6: compile each CPU default (auto: yes unless --quick)")
+  p.add_argument("--hlo", action="store_true",
+                 help="also write both programs' optimized HLO text next to the report")
+  p.add_argument("--output_dir", default="", help="default runs/perf/<timestamp>")
+  p.add_argument("--seed", type=int, default=0)
+  a = p.parse_args(argv)
+  quick = dict(depth=10, width=8, image_size=32, num_classes=10, batch=32, rounds=5, steps=3)
+  full = dict(depth=50, width=64, image_size=64, num_classes=1000, batch=64, rounds=15, steps=2)
+  for k, v in (quick if a.quick else full).items():
+    if getattr(a, k) is None:
+      setattr(a, k, v)
+  for k in ("depth", "width", "image_size", "num_classes", "batch", "rounds", "steps"):
+    if getattr(a, k) < 1:
+      raise ArgError(f"--{k}={getattr(a, k)}: must be at least 1")
+  if a.warmup < 1:
+    raise ArgError(f"--warmup={a.warmup}: at least one step (the first call places the state)")
+  from benchmarks.resnet.model import STAGES  # pylint: disable=import-outside-toplevel
+  if a.depth not in STAGES:
+    raise ArgError(f"--depth={a.depth}: choose one of {', '.join(map(str, sorted(STAGES)))}")
+  if a.image_size < 32:
+    raise ArgError(f"--image_size={a.image_size}: ResNet needs at least 32 pixels")
+  a.compile_defaults = (a.compile_defaults == "yes"
+                        or (a.compile_defaults == "auto" and not a.quick))
+  return a
+
+
+def accelerator_plugin() -> str | None:
+  """The installed accelerator plugin jax will use (None: CPU only; libtpu alone does not
+  count, the tests install it for compile-only TPU programs)."""
+  for name in ("jax_cuda13_plugin", "jax_cuda12_plugin", "jax_rocm7_plugin",
+               "jax_rocm60_plugin"):
+    if importlib.util.find_spec(name) is not None:
+      return name
+  return None
+
+
+def device_counts(spec: str, available: int) -> tuple[list[int], list[str]]:
+  """The device counts to measure (largest first) and notes on those not available here."""
+  counts, notes = [], []
+  for part in spec.split(","):
+    part = part.strip()
+    n = available if part == "all" else int(part) if part.isdigit() else -1
+    if n < 1:
+      raise ArgError(f"--devices={spec}: a list of device counts or 'all'")
+    if n > available:
+      notes.append(f"{n} devices: only {available} here, not measured")
+    elif n not in counts:
+      counts.append(n)
+  return sorted(counts, reverse=True), notes
+
+
+# --- the optimized HLO of a compiled step -------------------------------------------------------
+
+_OP = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*.*?\s([a-z][a-z0-9\-]*)\(")
+_COMP = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")   # computations start unindented
+
+
+def hlo_ops(text: str) -> dict[str, Any]:
+  """Op counts of an optimized HLO module: `kernels` counts the ops of the computations that
+  run (entry, loop bodies, called computations; a fusion counts once), `fused` those inside
+  fusions. Async pairs (`all-reduce-start`/`-done`) count once, under the op's name."""
+  fused_names = set(re.findall(r"calls=%?([\w.\-]+)", text))
+  kernels, fused = Counter(), Counter()
+  current = None
+  for line in text.splitlines():
+    m = _COMP.match(line)
+    if m:
+      current = m.group(2)
+      continue
+    m = _OP.match(line)
+    if not m or current is None:
+      continue
+    op = m.group(1)
+    if op.endswith("-done"):
+      continue
+    op = op.removesuffix("-start")
+    (fused if current in fused_names else kernels)[op] += 1
+  return {"kernels": dict(sorted(kernels.items())), "fused": dict(sorted(fused.items()))}
+
+
+KEY_OPS = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all",
+           "fusion", "convolution", "transpose", "copy", "reduce", "custom-call")
+
+
+def key_ops(ops: dict[str, Any]) -> dict[str, int]:
+  k, f = ops["kernels"], ops["fused"]
+  return {op: k.get(op, 0) + (f.get(op, 0) if op in ("transpose", "copy", "convolution")
+                              else 0) for op in KEY_OPS}
+
+
+# --- the two programs ---------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Prepared:
+  name: str
+  step: Any                 # (state, batch) -> (state, metrics), compiled
+  state: Any
+  batch: Any
+  compile_s: float
+  cost: dict[str, Any]
+  hlo: str
+  params: int
+
+
+def _synthetic(a) -> tuple[Any, Any]:
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(a.seed)
+  images = rng.standard_normal((a.batch, a.image_size, a.image_size, 3), np.float32)
+  labels = rng.integers(0, a.num_classes, a.batch).astype(np.int32)
+  return images, labels
+
+
+def resnet_config(a, n: int):
+  """meshperf's ResNet config for this measurement: synthetic data, SGD with momentum,
+  data-parallel over n devices, no optimizations."""
+  from benchmarks.resnet.config import Config  # pylint: disable=import-outside-toplevel
+  return Config(num_cpu_devices=0, mesh=f"data:{n}", layout="batch:data", optimizations="none",
+                dataset="synthetic", synthetic_examples=a.batch * 100, image_size=a.image_size,
+                num_classes=a.num_classes, model_depth=a.depth, model_width=a.width,
+                bn_span=a.batch if a.bn == "cross" else 0, global_batch_size=a.batch,
+                eval_batch_size=a.batch, max_epochs=1, optimizer="sgd", base_learning_rate=0.1,
+                warmup_epochs=0.05, schedule_epochs=1.0, seed=a.seed)
+
+
+def prepare_meshperf(a, devs) -> Prepared:
+  import jax  # pylint: disable=import-outside-toplevel
+  from benchmarks import step as step_lib  # pylint: disable=import-outside-toplevel
+  from benchmarks import train  # pylint: disable=import-outside-toplevel
+  from benchmarks.perf_baseline import param_count  # pylint: disable=import-outside-toplevel
+  from benchmarks.resnet import suite  # pylint: disable=import-outside-toplevel
+  from mesh import cost  # pylint: disable=import-outside-toplevel
+  from mesh.sharding import use  # pylint: disable=import-outside-toplevel
+  cfg = resnet_config(a, len(devs))
+  sharder, plan = train.build_sharder(cfg, devs)
+  replicas = train.check_batches(cfg, sharder, plan, 1)
+  task = suite.build(cfg, replicas=replicas)
+  images, labels = _synthetic(a)
+  local = {"image": images, "label": labels}
+  program, init = step_lib.compile_steps(task, sharder, a.seed, local, None, 1, plan)
+  with use(sharder):
+    state = init()
+  batch = step_lib.global_batch(local, program.batch_shardings)
+  return Prepared("meshperf", program.train, state, batch, program.compile_s,
+                  cost.analyze(program.train), program.train.as_text(),
+                  param_count(state["params"]))
+
+
+def prepare_baseline(a, devs, lr) -> Prepared:
+  import jax  # pylint: disable=import-outside-toplevel
+  from benchmarks.perf_baseline import Baseline, param_count  # pylint: disable=import-outside-toplevel
+  from mesh import cost  # pylint: disable=import-outside-toplevel
+  base = Baseline(devs, a.depth, a.width, a.num_classes, a.image_size, a.batch,
+                  cross_replica_bn=a.bn == "cross", lr=lr, seed=a.seed)
+  state = base.init()
+  batch = base.shard_batch(*_synthetic(a))
+  t0 = time.time()
+  compiled = base.lower(state, batch).compile()
+  compile_s = time.time() - t0
+  params = param_count(jax.tree.map(lambda x: x[0], state[0]))
+  return Prepared("baseline", compiled, state, batch, compile_s, cost.analyze(compiled),
+                  compiled.as_text(), params)
+
+
+def _run(p: Prepared, steps: int) -> float:
+  """Seconds per step over `steps` steps (the state carried, the last result waited for)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  t0 = time.perf_counter()
+  state, metrics = p.state, None
+  for _ in range(steps):
+    state, metrics = p.step(state, p.batch)
+  jax.block_until_ready((state, metrics))
+  p.state = state
+  return (time.perf_counter() - t0) / steps
+
+
+def alternate(a_prog: Prepared, b_prog: Prepared, rounds: int, steps: int, warmup: int,
+              say) -> dict[str, Any]:
+  """Both steps, alternating (A B, B A, ...): per-round seconds per step of each."""
+  for p in (a_prog, b_prog):
+    _run(p, warmup)
+  times = {a_prog.name: [], b_prog.name: []}
+  for r in range(rounds):
+    for p in ((a_prog, b_prog) if r % 2 == 0 else (b_prog, a_prog)):
+      times[p.name].append(_run(p, steps))
+    say(f"    round {r + 1}/{rounds}: " + ", ".join(
+        f"{k} {v[-1] * 1e3:.1f} ms" for k, v in times.items()))
+  return times
+
+
+def measure_resnet(a, devs, say) -> dict[str, Any]:
+  """Target 1 on len(devs) devices: both programs built, checked equal in size and FLOPs,
+  then timed alternately."""
+  n = len(devs)
+  say(f"  {n} device(s): compiling meshperf's step")
+  mp = prepare_meshperf(a, devs)
+  say(f"    compiled in {mp.compile_s:.1f} s")
+  say(f"  {n} device(s): compiling the hand-written baseline")
+  from benchmarks.resnet import suite  # pylint: disable=import-outside-toplevel
+  lr, _, _ = suite.schedule(resnet_config(a, n), 100)
+  bl = prepare_baseline(a, devs, lr)
+  say(f"    compiled in {bl.compile_s:.1f} s")
+  if mp.params != bl.params:
+    raise AssertionError(f"parameter counts differ: meshperf {mp.params:,}, baseline "
+                         f"{bl.params:,}; the baseline is not the same model")
+  f_mp, f_bl = mp.cost["flops_per_device"], bl.cost["flops_per_device"]
+  flops_rel = (f_mp / f_bl - 1) if f_mp and f_bl else None
+  times = alternate(mp, bl, a.rounds, a.steps, a.warmup, say)
+  med = {k: statistics.median(v) for k, v in times.items()}
+  ratios = [m / b for m, b in zip(times["meshperf"], times["baseline"])]
+  ratio = statistics.median(ratios)
+  out = {
+      "devices": n, "params": mp.params,
+      "flops_per_device": {"meshperf": f_mp, "baseline": f_bl}, "flops_rel_diff": flops_rel,
+      "flops_match": flops_rel is not None and abs(flops_rel) <= FLOPS_TOLERANCE,
+      "ms_per_step": {k: v * 1e3 for k, v in med.items()},
+      "ms_per_step_rounds": {k: [t * 1e3 for t in v] for k, v in times.items()},
+      "ratio": ratio, "ratio_of_medians": med["meshperf"] / med["baseline"],
+      "ratio_rounds": ratios,
+      "compile_s": {"meshperf": mp.compile_s, "baseline": bl.compile_s},
+      "collectives": {p.name: {k: v for k, v in p.cost["collectives"].items() if v["count"]}
+                      for p in (mp, bl)},
+      "hlo_ops": {p.name: key_ops(hlo_ops(p.hlo)) for p in (mp, bl)},
+      "hlo_ops_all": {p.name: hlo_ops(p.hlo) for p in (mp, bl)},
+      "bytes_accessed": {p.name: p.cost["bytes_accessed"] for p in (mp, bl)},
+  }
+  if a.hlo:
+    out["_hlo"] = {p.name: p.hlo for p in (mp, bl)}
+  return out
+
+
+def compile_defaults(say) -> dict[str, Any]:
+  """Target 6: each CPU default's train and eval steps compiled as `--compile_only` does
+  (no persistent cache), seconds each."""
+  from benchmarks import compile_only, registry  # pylint: disable=import-outside-toplevel
+  out = {}
+  for name in registry.BENCHMARKS:
+    cfg = registry.BENCHMARKS[name].config().PRESETS["cpu"]
+    say(f"  compiling {name}'s CPU default (train and eval steps)")
+    raw = compile_only.compile_facts(name, cfg, None, with_eval=True, say=lambda *_: None)
+    out[name] = raw["compile_s"]
+    say(f"    {out[name]:.1f} s")
+  return out
+
+
+# --- targets and reports ------------------------------------------------------------------------
+
+def targets(a, resnet: dict[int, dict], compile_s: dict | None,
+            previous: dict | None) -> list[dict[str, Any]]:
+  rows = []
+  for n, r in resnet.items():
+    rows.append({
+        "target": "1", "what": f"ResNet step / hand-written, {n} device(s)",
+        "value": f"{r['ratio']:.3f}", "goal": "<= 1.00", "met": r["ratio"] <= 1.00,
+        "detail": (f"meshperf {r['ms_per_step']['meshperf']:.1f} ms, baseline "
+                   f"{r['ms_per_step']['baseline']:.1f} ms per step (medians); FLOPs "
+                   f"{_rel(r['flops_rel_diff'])}")})
+  rows.append({"target": "2", "what": "step through the harness / bare compiled step",
+               "value": "not measured yet", "goal": "<= 1.02, all four benchmarks",
+               "met": False, "detail": ""})
+  if len(resnet) >= 2:
+    ns = sorted(resnet)
+    hi, lo = ns[-1], ns[0]
+    sc = resnet[hi]["ms_per_step"]["meshperf"] / resnet[lo]["ms_per_step"]["meshperf"]
+    rows.append({"target": "4", "what": f"{hi} devices / {lo} device, same global batch",
+                 "value": f"resnet {sc:.2f}x the time", "goal": "reported, every benchmark",
+                 "met": False, "detail": "transformer, ssd, lm: not measured yet"})
+  else:
+    rows.append({"target": "4", "what": "N devices / 1 device, same global batch",
+                 "value": "not measured (one device count)", "goal": "reported, every benchmark",
+                 "met": False, "detail": ""})
+  if compile_s is None:
+    rows.append({"target": "6", "what": "compile time of each CPU default",
+                 "value": "not measured (--compile_defaults=no)", "goal": "reported, not growing",
+                 "met": False, "detail": ""})
+  else:
+    ref = {k: REFERENCE_COMPILE_S.get(k) for k in compile_s}
+    grew = [k for k, v in compile_s.items() if ref[k] and v > ref[k] * COMPILE_SLACK]
+    unref = [k for k in compile_s if not ref[k]]
+    prev = (previous or {}).get("compile_defaults_s") or {}
+    detail = "; ".join(
+        f"{k} {v:.1f} s (reference {ref[k] if ref[k] else '-'}"
+        + (f", previous run {prev[k]:.1f}" if prev.get(k) else "") + ")"
+        for k, v in compile_s.items())
+    rows.append({"target": "6", "what": "compile time of each CPU default (train + eval)",
+                 "value": " / ".join(f"{v:.0f}" for v in compile_s.values()) + " s",
+                 "goal": f"<= {COMPILE_SLACK:g}x reference",
+                 "met": not grew and not unref,
+                 "detail": detail + (f"; grew: {', '.join(grew)}" if grew else "")
+                 + (f"; no reference for {', '.join(unref)}" if unref else "")})
+  return rows
+
+
+def _rel(x) -> str:
+  return "?" if x is None else f"{x * 100:+.2f}%"
+
+
+def _targets_met(rows) -> tuple[int, int]:
+  by: dict[str, bool] = {}
+  for r in rows:
+    by[r["target"]] = by.get(r["target"], True) and bool(r["met"])
+  return sum(by.values()), len(by)
+
+
+def markdown(a, env: dict, resnet: dict[int, dict], rows, compile_s) -> str:
+  lines = [f"# ./run.sh perf, {env['when']}", "",
+           f"`{env['command']}` on {env['devices']} {env['platform']} device(s) "
+           f"({env['device_kind']}), jax {env['jax']}; ResNet-{a.depth} width {a.width}, "
+           f"{a.image_size} px, {a.num_classes} classes, global batch {a.batch}, float32, "
+           f"{'cross-replica' if a.bn == 'cross' else 'per-replica'} batch norm, SGD momentum "
+           f"0.9; {a.rounds} alternating rounds of {a.steps} steps after {a.warmup} warmup "
+           f"steps; medians.", "",
+           "| devices | meshperf ms/step | baseline ms/step | ratio (median of rounds) | "
+           "compile s (meshperf / baseline) | GFLOPs/device (meshperf / baseline) | params |",
+           "|---|---|---|---|---|---|---|"]
+  for n, r in resnet.items():
+    f = r["flops_per_device"]
+    lines.append(
+        f"| {n} | {r['ms_per_step']['meshperf']:.1f} | {r['ms_per_step']['baseline']:.1f} | "
+        f"{r['ratio']:.3f} | {r['compile_s']['meshperf']:.1f} / {r['compile_s']['baseline']:.1f}"
+        f" | {f['meshperf'] / 1e9:.3f} / {f['baseline'] / 1e9:.3f} ({_rel(r['flops_rel_diff'])})"
+        f" | {r['params']:,} |")
+  lines += ["", "Optimized HLO, ops per step (all-reduce etc. as launched; transpose, copy and "
+            "convolution also counted inside fusions):", "",
+            "| devices | program | " + " | ".join(KEY_OPS) + " |",
+            "|---|---|" + "---|" * len(KEY_OPS)]
+  for n, r in resnet.items():
+    for name, ops in r["hlo_ops"].items():
+      lines.append(f"| {n} | {name} | " + " | ".join(str(ops[k]) for k in KEY_OPS) + " |")
+  if compile_s:
+    lines += ["", "| CPU default | compile s (train + eval) | reference |", "|---|---|---|"]
+    for k, v in compile_s.items():
+      lines.append(f"| {k} | {v:.1f} | {REFERENCE_COMPILE_S.get(k) or '-'} |")
+  lines += ["", "| target | what | value | goal | met | detail |", "|---|---|---|---|---|---|"]
+  for r in rows:
+    lines.append(f"| {r['target']} | {r['what']} | {r['value']} | {r['goal']} | "
+                 f"{'yes' if r['met'] else 'no'} | {r['detail']} |")
+  met, total = _targets_met(rows)
+  lines += ["", f"perf: {met} of {total} targets met"]
+  return "\n".join(lines) + "\n"
+
+
+def _previous_report(root: str, own: str) -> dict | None:
+  """The newest earlier perf.json under runs/perf (for the compile-time comparison)."""
+  if not os.path.isdir(root):
+    return None
+  for d in sorted(os.listdir(root), reverse=True):
+    path = os.path.join(root, d, "perf.json")
+    if os.path.abspath(os.path.join(root, d)) != os.path.abspath(own) and os.path.isfile(path):
+      try:
+        with open(path, encoding="utf-8") as f:
+          return json.load(f)
+      except (OSError, ValueError):
+        return None
+  return None
+
+
+def main(argv: list[str]) -> int:
+  try:
+    a = parse_args(argv)
+  except ArgError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  plugin = accelerator_plugin()
+  if plugin is None:
+    from mesh import devices  # pylint: disable=import-outside-toplevel
+    devices.use_cpu_devices(a.num_cpu_devices)
+  import jax  # pylint: disable=import-outside-toplevel
+  devs = jax.devices()
+  try:
+    counts, notes = device_counts(a.devices, len(devs))
+  except ArgError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  if a.batch % max(counts):
+    print(f"error: --batch={a.batch} does not split over {max(counts)} devices", file=sys.stderr)
+    return 2
+  when = time.strftime("%Y%m%d-%H%M%S")
+  out_dir = a.output_dir or os.path.join("runs", "perf", when)
+  say = lambda *m: print(*m, flush=True)  # noqa: E731
+  env = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "jax": jax.__version__,
+         "command": " ".join(["./run.sh perf"] + argv), "devices": len(devs),
+         "platform": devs[0].platform, "device_kind": devs[0].device_kind, "plugin": plugin,
+         "cpu_count": os.cpu_count(),
+         "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
+  say(f"perf: ResNet-{a.depth} width {a.width}, {a.image_size} px, batch {a.batch}, on "
+      f"{len(devs)} {devs[0].platform} device(s); measuring {counts}")
+  for note in notes:
+    say(f"  {note}")
+  resnet = {}
+  for n in counts:
+    resnet[n] = measure_resnet(a, devs[:n], say)
+    r = resnet[n]
+    say(f"  {n} device(s): meshperf {r['ms_per_step']['meshperf']:.1f} ms, baseline "
+        f"{r['ms_per_step']['baseline']:.1f} ms, ratio {r['ratio']:.3f}")
+  compile_s = compile_defaults(say) if a.compile_defaults else None
+  previous = _previous_report(os.path.dirname(out_dir.rstrip("/")) or ".", out_dir)
+  rows = targets(a, resnet, compile_s, previous)
+  met, total = _targets_met(rows)
+  env["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+  os.makedirs(out_dir, exist_ok=True)
+  hlo = {n: r.pop("_hlo") for n, r in resnet.items() if "_hlo" in r}
+  for n, texts in hlo.items():
+    for name, text in texts.items():
+      with open(os.path.join(out_dir, f"{name}_{n}dev.hlo.txt"), "w", encoding="utf-8") as f:
+        f.write(text)
+  report = {"env": env, "args": vars(a), "resnet": {str(n): r for n, r in resnet.items()},
+            "compile_defaults_s": compile_s, "reference_compile_s": REFERENCE_COMPILE_S,
+            "targets": rows, "met": met, "of": total, "notes": notes}
+  with open(os.path.join(out_dir, "perf.json"), "w", encoding="utf-8") as f:
+    json.dump(report, f, indent=2)
+  md = markdown(a, env, resnet, rows, compile_s)
+  with open(os.path.join(out_dir, "perf.md"), "w", encoding="utf-8") as f:
+    f.write(md)
+  print()
+  print(md.split("\n", 2)[2].rsplit("\nperf:", 1)[0].rstrip())
+  print(f"\nreport: {os.path.join(out_dir, 'perf.md')}, {os.path.join(out_dir, 'perf.json')}")
+  print(f"perf: {met} of {total} targets met", flush=True)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))
