@@ -8,7 +8,10 @@ This module does not import jax: `num_cpu_devices` must act before jax starts.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import math
+import os
+import tempfile
+from typing import Any, Callable, Iterable
 
 from mesh.errors import UserError
 
@@ -64,9 +67,36 @@ def eval_points(c: Common) -> tuple[int, ...]:
   return tuple(points) + (c.max_epochs,)
 
 
+def require(c: Any, fields: Iterable[str], ok: Callable[[Any], bool], what: str) -> None:
+  """Raises UserError `--field=value: what` for the first field whose value is not `ok` (NaN
+  fails every comparison, so `lambda v: v > 0` also refuses it)."""
+  for field in fields:
+    value = getattr(c, field)
+    if not ok(value):
+      raise UserError(f"--{field}={value}: {what}")
+
+
+def positive(v) -> bool:
+  return v > 0 and not math.isinf(v)
+
+
+def non_negative(v) -> bool:
+  return v >= 0 and not math.isinf(v)
+
+
+def fraction(v) -> bool:
+  """In [0, 1): dropout rates, label smoothing, momentum, decay rates."""
+  return 0 <= v < 1
+
+
 def validate_common(c: Common) -> None:
   if c.dtype not in ("float32", "bfloat16", "float64"):
     raise UserError(f"--dtype={c.dtype}: choose float32 or bfloat16 (float64: exactness checks)")
+  if c.num_cpu_devices < 0:
+    raise UserError(f"--num_cpu_devices={c.num_cpu_devices}: simulate N >= 1 CPU devices, or "
+                    f"pass 0 to use the real devices")
+  if c.seed < 0:
+    raise UserError(f"--seed={c.seed}: seeds are integers >= 0")
   for field in ("global_batch_size", "max_epochs", "eval_every"):
     if getattr(c, field) <= 0:
       raise UserError(f"--{field} must be positive (got {getattr(c, field)})")
@@ -75,3 +105,35 @@ def validate_common(c: Common) -> None:
     raise UserError(f"--eval_every_samples must be >= 0 (got {c.eval_every_samples})")
   if c.eval_batch_size < 0:
     raise UserError(f"--eval_batch_size must be >= 0 (got {c.eval_batch_size})")
+
+
+# --- paths a run will write ---------------------------------------------------------------------
+
+def _nearest_existing(path: str) -> str:
+  while not os.path.exists(path):
+    path = os.path.dirname(path)
+  return path
+
+
+def check_writable(flag: str, path: str, kind: str = "folder") -> None:
+  """Raises UserError unless `path` (a folder, or a file with kind="file") is, or can be made,
+  and written: it is not a file where a folder is meant (or a folder where a file is), no file
+  lies on its way, and the deepest folder that exists takes a new file. Checked by writing and
+  removing a temporary file there (permission bits do not stop root; a read-only or virtual file
+  system does): nothing is left behind."""
+  path = os.path.abspath(os.path.expanduser(path))
+  if kind == "folder" and os.path.exists(path) and not os.path.isdir(path):
+    raise UserError(f"{flag}={path} is a file; name a folder (it is made if missing)")
+  if kind == "file" and os.path.isdir(path):
+    raise UserError(f"{flag}={path} is a folder; name a file")
+  base = _nearest_existing(path if kind == "folder" else os.path.dirname(path))
+  if not os.path.isdir(base):
+    raise UserError(f"{flag}={path}: {base} is a file, so nothing can be made under it; choose "
+                    f"another path")
+  try:
+    fd, probe = tempfile.mkstemp(prefix=".meshperf-write-check-", dir=base)
+    os.close(fd)
+    os.remove(probe)
+  except OSError as e:
+    raise UserError(f"{flag}={path}: cannot write in {base} ({e.strerror}); choose a path you "
+                    f"can write") from None
