@@ -169,6 +169,68 @@ def _load_orbax(path: str) -> dict[str, Any]:
   return {"params": out["params"], "batch_stats": out["model_state"]["batch_stats"]}
 
 
+def _check_npz(path: str, where: str) -> set[str]:
+  """The names under params/ of an .npz of ResNet weights, checked without reading its arrays
+  (the stem kernel's shape comes from its .npy header)."""
+  hint = f"; {_SOURCES}"
+  try:
+    with open(path, "rb") as f:
+      if f.read(2) != b"PK":
+        raise UserError(f"{where}: not an .npz file (not a zip archive){hint}")
+    with zipfile.ZipFile(path) as z:
+      names = [n[:-4] for n in z.namelist() if n.endswith(".npy")]
+      stem = "params/stem/kernel"
+      if stem not in names:
+        raise UserError(f"{where}: no {stem} in it; not ResNet weights{hint}")
+      with z.open(stem + ".npy") as f:
+        major, _ = np.lib.format.read_magic(f)
+        read_header = (np.lib.format.read_array_header_1_0 if major == 1 else
+                       np.lib.format.read_array_header_2_0)
+        shape = read_header(f)[0]
+  except UserError:
+    raise
+  except (OSError, EOFError, ValueError, zipfile.BadZipFile) as e:
+    raise UserError(f"{where}: not an .npz file of arrays ({type(e).__name__}: {e}){hint}") from None
+  bad = [k for k in names if k.split("/", 1)[0] not in COLLECTIONS or "/" not in k]
+  if bad:
+    raise UserError(f"{where}: key '{bad[0]}' is not params/... or batch_stats/...; not ResNet "
+                    f"weights{hint}")
+  if len(shape) != 4 or shape[2] != 3:
+    raise UserError(f"{where}: params/stem/kernel has shape {shape}, not (7, 7, 3, width); not "
+                    f"weights of this harness's ResNet{hint}")
+  return {k.split("/")[1] for k in names if k.startswith("params/")}
+
+
+def _has_item(path: str) -> bool:
+  """An orbax checkpoint item (or step folder) this harness's loop wrote is under `path`."""
+  is_item = lambda p: os.path.isfile(os.path.join(p, "_METADATA"))
+  if os.path.isdir(os.path.join(path, "checkpoints")):
+    path = os.path.join(path, "checkpoints")
+  if is_item(path) or is_item(os.path.join(path, "default")):
+    return True
+  return any(n.isdigit() and is_item(os.path.join(path, n, "default")) for n in os.listdir(path))
+
+
+def check(path: str, where: str) -> set[str] | None:
+  """Cheap checks that `load(path)` finds ResNet weights there, nothing loaded: the path exists;
+  an .npz holds params/ and batch_stats/ arrays and a stem kernel of 3 input channels (returns
+  the names under params/); a folder holds an orbax checkpoint item (returns None: its names
+  are read when it is loaded). `where` names the flag in the errors."""
+  path = os.path.abspath(os.path.expanduser(path))
+  if not os.path.exists(path):
+    raise UserError(f"{where}: {path} does not exist; {_SOURCES}")
+  if os.path.isdir(path):
+    try:
+      found = _has_item(path)
+    except OSError as e:
+      raise UserError(f"{where}: cannot read {path} ({e.strerror}); {_SOURCES}") from None
+    if not found:
+      raise UserError(f"{where}: no orbax checkpoint in {path} (no _METADATA in it, its "
+                      f"checkpoints/ folder or a step folder's default/); {_SOURCES}")
+    return None
+  return _check_npz(path, where)
+
+
 def load(path: str) -> dict[str, Any]:
   """{"params", "batch_stats"} as nested dicts of numpy arrays, from an .npz written by
   `save_npz` or from the latest orbax checkpoint under a run's output_dir, its checkpoints/
