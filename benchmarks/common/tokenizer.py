@@ -26,7 +26,12 @@ class Tokenizer:
   def __init__(self, model_proto: bytes, path: str = ""):
     import sentencepiece as spm  # pylint: disable=import-outside-toplevel
     self.path = path
-    self.sp = spm.SentencePieceProcessor(model_proto=model_proto)
+    try:
+      self.sp = spm.SentencePieceProcessor(model_proto=model_proto)
+    except (RuntimeError, OSError, ValueError) as e:
+      raise UserError(f"tokenizer {path} is not a sentencepiece model ({str(e).strip()[:120]}); "
+                      f"pass a .model file that sentencepiece wrote, or a path that does not "
+                      f"exist yet to train one there") from None
     if (self.sp.pad_id(), self.sp.eos_id(), self.sp.unk_id()) != (PAD, EOS, UNK):
       raise UserError(f"tokenizer {path}: expected pad/eos/unk ids 0/1/2, got "
                       f"{self.sp.pad_id()}/{self.sp.eos_id()}/{self.sp.unk_id()}; delete it to "
@@ -62,25 +67,52 @@ def train_model(texts: Iterable[str], vocab_size: int, max_sentences: int = 2_00
   return out.getvalue()
 
 
+def _load(path: str, vocab_size: int) -> Tokenizer:
+  if os.path.isdir(path):
+    raise UserError(f"tokenizer {path} is a folder; name a .model file (loaded if it exists, "
+                    f"trained there if not)")
+  try:
+    with open(path, "rb") as f:
+      tok = Tokenizer(f.read(), path)
+  except OSError as e:
+    raise UserError(f"cannot read tokenizer {path} ({e.strerror})") from None
+  if tok.vocab_size != vocab_size:
+    raise UserError(f"tokenizer {path} has {tok.vocab_size} pieces but --vocab_size="
+                    f"{vocab_size}; pass --vocab_size={tok.vocab_size} or another "
+                    f"--tokenizer path")
+  return tok
+
+
+def check(path: str, vocab_size: int) -> None:
+  """Before anything is read or trained: a model at `path` loads with `vocab_size` pieces, or
+  one can be written there (see `benchmarks.config.check_writable`)."""
+  from benchmarks.config import check_writable  # pylint: disable=import-outside-toplevel
+  if os.path.exists(path):
+    _load(path, vocab_size)
+  else:
+    check_writable("--tokenizer", path, kind="file")
+
+
 def load_or_train(path: str, texts: Callable[[], Iterable[str]], vocab_size: int,
                   say: Callable[[str], None] = lambda s: None) -> Tokenizer:
   """Loads the model at `path`, or trains one from `texts()` and saves it there first."""
   if os.path.exists(path):
-    with open(path, "rb") as f:
-      tok = Tokenizer(f.read(), path)
-    if tok.vocab_size != vocab_size:
-      raise UserError(f"tokenizer {path} has {tok.vocab_size} pieces but --vocab_size="
-                      f"{vocab_size}; pass --vocab_size={tok.vocab_size} or another "
-                      f"--tokenizer path")
-    return tok
+    return _load(path, vocab_size)
   say(f"training a {vocab_size}-piece sentencepiece vocabulary -> {path}")
   proto = train_model(texts(), vocab_size)
   directory = os.path.dirname(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")   # atomic: no half-written model
-  with os.fdopen(fd, "wb") as f:
-    f.write(proto)
-  os.replace(tmp, path)
+  tmp = None
+  try:
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")   # atomic: no half-written model
+    with os.fdopen(fd, "wb") as f:
+      f.write(proto)
+    os.replace(tmp, path)
+  except OSError as e:
+    if tmp and os.path.exists(tmp):
+      os.remove(tmp)
+    raise UserError(f"cannot save the tokenizer to {path} ({e.strerror}); pass a --tokenizer "
+                    f"path you can write") from None
   return Tokenizer(proto, path)
 
 
