@@ -140,6 +140,16 @@ def test_two_processes_equal_one_in_float64(tmp_path):
   params, base_params = weights.load(str(two)), weights.load(str(one))
   assert params["params"]["stem"]["kernel"].dtype == np.float64
   assert_same_run(losses, params, base_losses, base_params)
+  leaves = [(a, b) for a, b in zip(_leaves(params), _leaves(base_params))]
+  print(f"float64, 2 processes against 1: train losses {losses}, largest relative difference "
+        f"{np.max(np.abs(losses - base_losses) / np.abs(base_losses)):.1e}; {len(leaves)} "
+        f"arrays (parameters, batch-norm statistics), largest difference {max(np.abs(a - b).max() for a, b in leaves):.1e}")
+
+
+def _leaves(tree):
+  if isinstance(tree, dict):
+    return [leaf for k in sorted(tree) for leaf in _leaves(tree[k])]
+  return [np.asarray(tree)]
 
 
 def test_each_process_reads_half_of_every_batch():
