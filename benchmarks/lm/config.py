@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from benchmarks.config import Common
+from benchmarks.config import Common, non_negative, positive, require
 from benchmarks.task import Spec
 from mesh.errors import UserError
 
@@ -152,12 +152,9 @@ def validate(c: Config) -> None:
   for field in ("dropout", "attention_dropout", "label_smoothing"):
     if not 0 <= getattr(c, field) < 1:
       raise UserError(f"--{field} must be in [0, 1) (got {getattr(c, field)})")
-  for field in ("warmup_steps", "decay_steps", "weight_decay", "gradient_clip_norm",
-                "end_learning_rate", "adam_epsilon"):
-    if getattr(c, field) < 0:
-      raise UserError(f"--{field} must be >= 0 (got {getattr(c, field)})")
-  if not 0 < c.base_learning_rate:
-    raise UserError(f"--base_learning_rate must be positive (got {c.base_learning_rate})")
+  require(c, ("warmup_steps", "decay_steps", "weight_decay", "gradient_clip_norm",
+              "end_learning_rate", "adam_epsilon"), non_negative, "must be >= 0")
+  require(c, ("base_learning_rate",), positive, "must be positive")
   if c.end_learning_rate > c.base_learning_rate:
     raise UserError(f"--end_learning_rate={c.end_learning_rate} is above --base_learning_rate="
                     f"{c.base_learning_rate}; the schedule decays from base to end")
@@ -167,3 +164,6 @@ def validate(c: Config) -> None:
   if c.target_log_perplexity <= 0:
     raise UserError(f"--target_log_perplexity={c.target_log_perplexity}: eval nats per token, "
                     f"a positive number (lower is better)")
+  if c.tokenizer:   # a bad path fails now, not after the corpus is read (or a vocabulary trained)
+    from benchmarks.common import tokenizer  # pylint: disable=import-outside-toplevel
+    tokenizer.check(c.tokenizer, c.vocab_size)

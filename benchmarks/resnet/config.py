@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from benchmarks.config import Common
+from benchmarks.config import Common, fraction, non_negative, positive, require
 from benchmarks.task import Spec
 from mesh.errors import UserError
 
@@ -99,3 +99,15 @@ def validate(c: Config) -> None:
     raise UserError(f"--image_size={c.image_size}: ResNet needs at least 32 pixels")
   if not 0 < c.target_accuracy <= 1:
     raise UserError(f"--target_accuracy={c.target_accuracy}: a fraction in (0, 1]")
+  require(c, ("base_learning_rate", "decay_poly_power", "lars_trust_coefficient"), positive,
+          "must be positive")
+  require(c, ("end_learning_rate", "warmup_epochs", "schedule_epochs", "weight_decay",
+              "lars_epsilon"), non_negative, "must be >= 0")
+  if c.end_learning_rate > c.base_learning_rate:
+    raise UserError(f"--end_learning_rate={c.end_learning_rate} is above --base_learning_rate="
+                    f"{c.base_learning_rate}; the schedule decays from base to end")
+  require(c, ("momentum", "label_smoothing"), fraction, "must be in [0, 1)")
+  require(c, ("num_classes",), lambda v: v >= 2, "a classifier needs at least 2 classes")
+  require(c, ("model_width",), lambda v: v >= 1, "must be at least 1 channel")
+  require(c, ("bn_span", "synthetic_examples"), lambda v: v >= 0,
+          "must be >= 0 (0: the default)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from benchmarks.config import Common
+from benchmarks.config import Common, fraction, non_negative, positive, require
 from benchmarks.task import Spec
 from mesh.errors import UserError
 
@@ -115,7 +115,11 @@ def validate(c: Config) -> None:
   for name in ("anchor_steps", "anchor_scales"):
     if min(getattr(c, name)) <= 0:
       raise UserError(f"--{name}={show(getattr(c, name))}: pixel sizes must be positive")
-  if any(not r for r in c.aspect_ratios) or min(min(r) for r in c.aspect_ratios) < 1:
+  empty = [i + 1 for i, r in enumerate(c.aspect_ratios) if not r]
+  if empty:
+    raise UserError(f"--aspect_ratios={ratios}: group {empty[0]} is empty; give every feature map "
+                    f"at least one ratio, e.g. 2 (or 2,3)")
+  if min(min(r) for r in c.aspect_ratios) < 1:
     raise UserError(f"--aspect_ratios={ratios}: ratios are integers >= 1 (2 means 2:1 and 1:2)")
   if len(c.decay_epochs) != 2 or c.decay_epochs[0] >= c.decay_epochs[1]:
     raise UserError(f"--decay_epochs={show(c.decay_epochs)}: two increasing epochs "
@@ -125,3 +129,39 @@ def validate(c: Config) -> None:
   for name in ("crop_trials", "nms_candidates", "max_detections"):
     if getattr(c, name) < 1:
       raise UserError(f"--{name} must be at least 1 (got {getattr(c, name)})")
+  require(c, ("base_learning_rate",), positive, "must be positive")
+  require(c, ("warmup_steps", "warmup_factor", "weight_decay"), non_negative, "must be >= 0")
+  require(c, ("momentum", "min_score"), fraction, "must be in [0, 1)")
+  require(c, ("match_iou", "nms_iou"), lambda v: 0 < v <= 1, "an IoU in (0, 1]")
+  require(c, ("negative_ratio", "backbone_width", "shapes_train", "shapes_eval"),
+          lambda v: v >= 1, "must be at least 1")
+  require(c, ("num_classes",), lambda v: v >= 2, "at least 2 (background and one category)")
+  require(c, ("bn_span",), lambda v: v >= 0, "must be >= 0 (0: the per-replica batch)")
+  _check_feature_maps(c)
+  if c.backbone_checkpoint:
+    _check_backbone_checkpoint(c)
+
+
+def _check_feature_maps(c: Config) -> None:
+  """The image must stay at least one pixel through the backbone and every extra block."""
+  from benchmarks.ssd.model import feature_sizes  # pylint: disable=import-outside-toplevel
+  if c.image_size < 1:
+    raise UserError(f"--image_size={c.image_size}: must be positive (MLPerf: 300)")
+  try:
+    feature_sizes(c.image_size, c.extra_blocks)
+  except ValueError as e:
+    raise UserError(f"--image_size={c.image_size}: {e}") from None
+
+
+def _check_backbone_checkpoint(c: Config) -> None:
+  """Cheap checks of --backbone_checkpoint (names and the stem's shape, no weights loaded), so a
+  wrong file is refused before any data is read or model built."""
+  from benchmarks.common import weights  # pylint: disable=import-outside-toplevel
+  from benchmarks.common.convnet import STAGES  # pylint: disable=import-outside-toplevel
+  names = weights.check(c.backbone_checkpoint, f"--backbone_checkpoint={c.backbone_checkpoint}")
+  blocks = sum(STAGES[c.backbone_depth][0][:3])
+  wanted = {"stem", "BatchNorm_0"} | {f"Block_{i}" for i in range(blocks)}
+  missing = sorted(wanted - names) if names is not None else []
+  if missing:
+    raise UserError(f"--backbone_checkpoint={c.backbone_checkpoint} lacks params {missing}: is "
+                    f"it a ResNet-{c.backbone_depth}?")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from benchmarks.config import Common
+from benchmarks.config import Common, fraction, non_negative, positive, require
 from benchmarks.task import Spec
 from mesh.errors import UserError
 
@@ -135,3 +135,11 @@ def validate(c: Config) -> None:
   for field in ("dropout", "attention_dropout", "label_smoothing"):
     if not 0 <= getattr(c, field) < 1:
       raise UserError(f"--{field} must be in [0, 1) (got {getattr(c, field)})")
+  require(c, ("base_learning_rate",), positive, "must be positive")
+  require(c, ("grammar_train_examples", "grammar_eval_examples"), lambda v: v >= 1,
+          "must be at least 1")
+  require(c, ("adam_beta1", "adam_beta2"), fraction, "must be in [0, 1)")
+  require(c, ("warmup_steps", "adam_epsilon", "length_penalty"), non_negative, "must be >= 0")
+  if c.tokenizer:   # a bad path fails now, not after the corpus is read (or a vocabulary trained)
+    from benchmarks.common import tokenizer  # pylint: disable=import-outside-toplevel
+    tokenizer.check(c.tokenizer, c.vocab_size)
