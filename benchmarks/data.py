@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import json
 import os
 from typing import Callable, Iterable, Iterator
 
@@ -126,9 +127,39 @@ def open_tfds(data_dir: str, name: str, split: str, dataset_flag: str, prepare: 
   if not infos:
     raise UserError(f"no {name} in --data_dir={data_dir} (looked for "
                     f"{name}/<version>/dataset_info.json); prepare it with {prepare}")
-  if not glob.glob(os.path.join(os.path.dirname(infos[0]), "*.array_record*")):
+  folder = os.path.dirname(infos[0])
+  if not glob.glob(os.path.join(folder, "*.array_record*")):
     raise UserError(
-        f"{os.path.dirname(infos[0])} holds no ArrayRecord files; meshperf reads tfds datasets "
+        f"{folder} holds no ArrayRecord files; meshperf reads tfds datasets "
         f"prepared with --file_format=array_record (no TensorFlow at run time)")
+  _check_split(infos[0], split, name, prepare)
   import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
-  return tfds.data_source(name, split=split, data_dir=data_dir, download=False)
+  try:
+    return tfds.data_source(name, split=split, data_dir=data_dir, download=False)
+  except Exception as e:  # pylint: disable=broad-except  # the files on disk are the user's
+    raise UserError(f"tensorflow-datasets cannot open {folder} ({type(e).__name__}: "
+                    f"{str(e).strip().splitlines()[-1][:200]}); prepare {name} again with "
+                    f"{prepare}") from None
+
+
+def _check_split(info_path: str, split: str, name: str, prepare: str) -> None:
+  """The dataset_info.json that tfds wrote parses and lists `split`, whose ArrayRecord files are
+  there: a damaged folder is one `error:` line, not tfds's traceback."""
+  again = f"the folder is damaged: prepare {name} again with {prepare}"
+  try:
+    with open(info_path, encoding="utf-8") as f:
+      info = json.load(f)
+  except (OSError, ValueError) as e:       # ValueError: not JSON, or not UTF-8
+    raise UserError(f"{info_path} is not a readable dataset_info.json ({type(e).__name__}: "
+                    f"{e}); {again}") from None
+  splits = info.get("splits") if isinstance(info, dict) else None
+  if not isinstance(splits, list):
+    raise UserError(f"{info_path} lists no splits (not a dataset_info.json that tensorflow-"
+                    f"datasets wrote); {again}")
+  names = [s.get("name") for s in splits if isinstance(s, dict)]
+  if split not in names:
+    raise UserError(f"{info_path} has no split '{split}' (it has {', '.join(map(str, names))}); "
+                    f"{again}")
+  if not glob.glob(os.path.join(os.path.dirname(info_path), f"*-{split}.array_record*")):
+    raise UserError(f"{os.path.dirname(info_path)} holds no ArrayRecord files of split "
+                    f"'{split}'; {again}")
