@@ -168,7 +168,7 @@ def _owners(flag: str) -> list[str]:
 
 
 def _parse_error(e: flags.Error, name: str, types: dict) -> UserError:
-  text = str(e)
+  text = re.sub(r"^ERROR:+\s*", "", str(e).strip().splitlines()[0])   # absl's flagfile errors
   hint = f"`./run.sh {name} --help` lists {name}'s flags"
   if isinstance(e, flags.UnrecognizedFlagError):
     flag = e.flagname
@@ -178,14 +178,26 @@ def _parse_error(e: flags.Error, name: str, types: dict) -> UserError:
     if owners:
       return UserError(f"--{flag} is a flag of {', '.join(owners)}, not of {name}; {hint}")
     return UserError(f"unknown flag --{flag}; {hint}")
-  m = re.match(r"flag --(\w+)=(.*?): ", text)
-  if m:
-    flag, value = m.groups()
-    what = _EXPECTS.get(types.get(flag), None)
-    if what is None:
-      what = re.sub(r"^flag --\w+=.*?: (value should be )?", "", text)
-    return UserError(f"--{flag}={value}: expects {what}")
-  return UserError(f"{text}; {hint}")
+  return UserError(bad_value(e, FLAGS, types) or f"{text}; {hint}")
+
+
+_KINDS = {"int": "an integer", "float": "a number", "bool": "true or false"}
+
+
+def bad_value(e: flags.Error, flag_values: flags.FlagValues, types: dict | None = None
+              ) -> str | None:
+  """`--flag=value: expects <what>` for absl's error about a value of the wrong type (None for
+  other errors). `types`: config field -> type (list-valued fields say their syntax)."""
+  m = re.match(r"flag --(\w+)=(.*?): ", str(e))
+  if not m:
+    return None
+  flag, value = m.groups()
+  what = _EXPECTS.get((types or {}).get(flag))
+  if what is None and flag in flag_values:
+    what = _KINDS.get(flag_values[flag].flag_type())
+  if what is None:
+    what = re.sub(r"^flag --\w+=.*?: (value should be )?", "", str(e))
+  return f"--{flag}={value}: expects {what}"
 
 
 def _help(name: str, preset_name: str, cfg, presets, run_flags: list[str]) -> str:
@@ -206,6 +218,49 @@ def _help(name: str, preset_name: str, cfg, presets, run_flags: list[str]) -> st
     default = preset_name if n == "config" else "" if fl.default is None else _show(fl.default)
     lines.append(f"  --{n}={default}".ljust(40) + "  " + fl.help)
   return "\n".join(lines)
+
+
+def _check_processes() -> None:
+  """Multi-host flags that cannot start a run, refused before jax starts."""
+  n, i = FLAGS.num_processes, FLAGS.process_id
+  given = FLAGS.coordinator_address
+  address = given or os.environ.get("MESHPERF_COORDINATOR")
+  where = "--coordinator_address" if given else "MESHPERF_COORDINATOR"
+  if n is not None and n < 1:
+    raise UserError(f"--num_processes={n}: at least 1 (the number of processes of the run)")
+  if i is not None and i < 0:
+    raise UserError(f"--process_id={i}: process ids count from 0")
+  if not address:
+    if (n or 1) > 1 or (i or 0) > 0:
+      flag = f"--num_processes={n}" if (n or 1) > 1 else f"--process_id={i}"
+      raise UserError(f"{flag} needs --coordinator_address=HOST:PORT (process 0's) to start a "
+                      f"multi-host run; add it, or drop {flag.split('=')[0]} for one process")
+    return
+  if address == "auto":
+    if n is not None or i is not None:
+      raise UserError("--coordinator_address=auto: the TPU pod numbers its processes itself; "
+                      "drop --num_processes and --process_id")
+    return
+  host, sep, port = address.rpartition(":")
+  if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+    raise UserError(f"{where}={address}: write HOST:PORT of process 0, e.g. 10.0.0.2:1234 (or "
+                    f"auto on a TPU pod)")
+  if n is None or i is None:
+    raise UserError(f"{where} needs --num_processes and --process_id")
+  if i >= n:
+    raise UserError(f"--process_id={i}: choose 0..{n - 1} (--num_processes={n})")
+
+
+def _check_run_flags(name: str) -> None:
+  """The run's own flags, before jax starts: multi-host, and the output folder (it can be made
+  and written; nothing is made here)."""
+  _check_processes()
+  for flag in ("run_index", "checkpoint_every"):
+    if FLAGS[flag].value < 0:
+      raise UserError(f"--{flag}={FLAGS[flag].value}: must be >= 0")
+  if not FLAGS.progress_every_s >= 0:
+    raise UserError(f"--progress_every_s={FLAGS.progress_every_s}: seconds, >= 0")
+  config_lib.check_writable("--output_dir", FLAGS.output_dir or os.path.join("runs", name))
 
 
 def setup(argv: list[str], verb: str = "<benchmark>", run_flags: list[str] | None = None,
@@ -242,6 +297,7 @@ def setup(argv: list[str], verb: str = "<benchmark>", run_flags: list[str] | Non
                     f"{', '.join(mod.PRESETS)})")
   cfg = config_lib.replace(preset, {n: FLAGS[n].value for n in types if FLAGS[n].present})
   config_lib.validate_common(cfg)
+  _check_run_flags(name)
 
   # Devices first: simulated CPU devices must be set before jax starts.
   from mesh import devices, topology  # pylint: disable=import-outside-toplevel
