@@ -32,7 +32,9 @@ import time
 
 from absl import flags
 
+from benchmarks import config as config_lib
 from benchmarks import main as cli
+from mesh.errors import UserError
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("ablate_steps", 10, "Timed training steps per variant per round "
@@ -178,9 +180,21 @@ def table(rows: list[dict]) -> str:
   return "\n".join(lines)
 
 
+def check_flags() -> None:
+  """ablate's own flags, before anything is compiled: the JSON path can be written."""
+  if FLAGS.ablate_steps < 0:
+    raise UserError(f"--ablate_steps={FLAGS.ablate_steps}: timed steps per variant, >= 0 (0: "
+                    f"compile only)")
+  if FLAGS.ablate_rounds < 1:
+    raise UserError(f"--ablate_rounds={FLAGS.ablate_rounds}: at least 1 timing round")
+  if FLAGS.ablate_json:
+    config_lib.check_writable("--ablate_json", FLAGS.ablate_json, kind="file")
+
+
 def main(argv: list[str]) -> int:
   name, entry, cfg = cli.setup(argv, verb="ablate <benchmark>", run_flags=ABLATE_FLAGS,
                                compiles_only_with_topology=True)
+  check_flags()
   if FLAGS.topology:
     rows = pod_ablate(name, cfg, FLAGS.topology)
     print(pod_table(rows))

@@ -242,6 +242,21 @@ def plot(rows: dict[str, list[dict]], path: str) -> None:
 
 # --- command line -------------------------------------------------------------------------------
 
+def _parse_error(e: flags.Error) -> UserError:
+  from benchmarks.main import bad_value  # pylint: disable=import-outside-toplevel
+  hint = f"`./run.sh scale --help` lists its flags ({', '.join('--' + n for n in FLAGS)})"
+  return UserError(bad_value(e, FLAGS) or f"{str(e).splitlines()[0]}; {hint}")
+
+
+def check_outputs() -> None:
+  """Where the results go can be written, checked before minutes of compiling."""
+  config_lib.check_writable("--output_dir", FLAGS.output_dir)
+  if FLAGS.plot:
+    config_lib.check_writable("--plot", FLAGS.plot, kind="file")
+  if FLAGS.cache_dir:
+    config_lib.check_writable("--cache_dir", FLAGS.cache_dir)
+
+
 def main(argv: list[str]) -> int:
   rest = argv[1:]
   if any(a in ("--help", "-h", "--helpfull") for a in rest):
@@ -253,11 +268,11 @@ def main(argv: list[str]) -> int:
   try:
     extra = FLAGS([argv[0]] + rest[1:])[1:]
   except flags.Error as e:
-    raise UserError(f"{str(e).splitlines()[0]} (flags: --chips, --output_dir, --plot, "
-                    f"--cache_dir, --refresh, --with_eval)") from None
+    raise _parse_error(e) from None
   if extra:
     raise UserError(f"unexpected argument '{extra[0]}'; flags are written --name=value")
   points = select(rest[0], parse_chips(FLAGS.chips))
+  check_outputs()
   run(points, FLAGS.output_dir, FLAGS.plot, FLAGS.cache_dir, FLAGS.refresh, FLAGS.with_eval,
       overlap=FLAGS.overlap)
   return 0
