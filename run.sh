@@ -49,8 +49,16 @@ wants_topology() {
 
 verb="${1:-}"
 case "$verb" in
-  ""|-h|--help|help)
-    usage; exit 2 ;;
+  "")
+    echo "error: ./run.sh needs a verb: a benchmark (resnet, transformer, ssd, lm), test, check," \
+      "ablate, scale or install; ./run.sh --help shows how each is used" >&2
+    exit 2 ;;
+  -h|--help|help)
+    usage; exit 0 ;;
+  -*)
+    echo "error: ./run.sh $verb: the first word is a verb (a benchmark, test, check, ablate," \
+      "scale or install), then its flags; ./run.sh --help shows how each is used" >&2
+    exit 2 ;;
   test)
     shift; bootstrap
     install_extra tpu || echo "run.sh: the tpu extra did not install; TPU compile tests skip" >&2

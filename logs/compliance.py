@@ -37,6 +37,43 @@ class CheckResult:
   messages: tuple[str, ...]
 
 
+def _record(line: str) -> dict | None:
+  """The JSON record of a `:::MLLOG` line, or None when it is not a whole one."""
+  try:
+    rec = json.loads(line.split(":::MLLOG", 1)[1])
+  except ValueError:
+    return None
+  ok = isinstance(rec, dict) and {"key", "value", "time_ms"} <= set(rec)
+  return rec if ok else None
+
+
+def read_log(path: str) -> list[dict]:
+  """The records of an MLPerf log; UserError when it is not one, or a line is cut off (a run
+  that crashed while writing leaves its last line half written)."""
+  from mesh.errors import UserError  # pylint: disable=import-outside-toplevel
+  try:
+    with open(path, encoding="utf-8", errors="replace") as f:
+      lines = f.read().splitlines()
+  except OSError as e:
+    raise UserError(f"cannot read {path} ({e.strerror})") from None
+  numbered = [(n, line) for n, line in enumerate(lines, 1) if ":::MLLOG" in line]
+  if not numbered:
+    raise UserError(f"{path} is not an MLPerf log (no :::MLLOG lines); pass a result_*.txt that "
+                    f"a run wrote, or its --output_dir")
+  records = []
+  for n, line in numbered:
+    rec = _record(line)
+    if rec is None:
+      cut = n == len(lines) and not line.rstrip().endswith("}")
+      what = (f"its last line (line {n}) is cut off mid-record: the run ended while writing it "
+              f"(a crash, a kill or a full disk), so the log is incomplete; run it again"
+              if cut else f"line {n} is not a whole MLLOG record ({line.strip()[:80]}); the "
+              f"log was edited or damaged")
+      raise UserError(f"{path}: {what}")
+    records.append(rec)
+  return records
+
+
 def benchmark_of(path: str) -> str | None:
   """The `submission_benchmark` value logged in a result file."""
   with open(path, encoding="utf-8", errors="replace") as f:
@@ -109,14 +146,16 @@ def check_path(path: str, rulesets: tuple[str, ...] | None = None) -> list[Check
   logs = find_logs(path)
   if not logs:
     raise UserError(f"no result_*.txt under {path}; pass a run's --output_dir")
-  results = []
-  for log in logs:
-    bench = benchmark_of(log)
+  benches = {}
+  for log in logs:       # every log is whole and of a known benchmark before any is checked
+    records = read_log(log)
+    bench = next((r["value"] for r in records if r["key"] == "submission_benchmark"), None)
     if not rulesets_of(bench):
-      results.append(CheckResult(log, "-", False, (
-          f"no known submission_benchmark in the log (found {bench!r}); meshperf checks "
-          f"{', '.join(known_names())}",)))
-      continue
+      raise UserError(f"{log}: no known submission_benchmark in the log (found {bench!r}); "
+                      f"meshperf checks {', '.join(known_names())}")
+    benches[log] = bench
+  results = []
+  for log, bench in benches.items():
     for ruleset in rulesets or rulesets_of(bench):
       results.append(check_file(log, ruleset))
   return results
@@ -124,8 +163,10 @@ def check_path(path: str, rulesets: tuple[str, ...] | None = None) -> list[Check
 
 def main(argv: list[str]) -> int:
   from mesh.errors import UserError  # pylint: disable=import-outside-toplevel
-  if len(argv) != 1:
-    print("usage: ./run.sh check PATH   (a result_*.txt file or a folder of them)", file=sys.stderr)
+  if len(argv) != 1 or argv[0].startswith("-"):
+    got = "nothing" if not argv else " ".join(argv)
+    print(f"error: ./run.sh check takes one PATH, a result_*.txt file or a folder of them "
+          f"(got {got})", file=sys.stderr)
     return 2
   try:
     results = check_path(argv[0])
