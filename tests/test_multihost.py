@@ -13,7 +13,8 @@
 - Three processes (a loop of tiny collectives): a frozen peer, a crashed one and a killed
   coordinator. The last is jax's to handle: it aborts the others from C++ at once.
 
-About 2.5 minutes on 2 busy cores, nearly all of it compiling ResNet steps in 5 processes.
+About 3.5 minutes of CPU, nearly all compiling ResNet steps in 5 processes: 2.5 to 4 minutes
+on 2 cores shared with other work (load 4 to 9).
 """
 
 import glob
