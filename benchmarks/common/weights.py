@@ -203,7 +203,8 @@ def _check_npz(path: str, where: str) -> set[str]:
 
 def _has_item(path: str) -> bool:
   """An orbax checkpoint item (or step folder) this harness's loop wrote is under `path`."""
-  is_item = lambda p: os.path.isfile(os.path.join(p, "_METADATA"))
+  def is_item(p):
+    return os.path.isfile(os.path.join(p, "_METADATA"))
   if os.path.isdir(os.path.join(path, "checkpoints")):
     path = os.path.join(path, "checkpoints")
   if is_item(path) or is_item(os.path.join(path, "default")):
