@@ -1,0 +1,319 @@
+"""The bad-input catalogue: every kind of bad input a user can hand each entry point.
+
+The promise, checked for every case: exit status 2; exactly one stderr line starting `error: `,
+which says what is wrong (the case's needle); no traceback and no usage page; and nothing left
+behind: the --output_dir is not made, and no file or folder appears under the test's folder
+(the runs start there, so their default runs/ would land in it), or in the datasets the cases
+read; the tokenizer cache may only gain a finished tokenizer. Datasets are built here in their real formats (tfds ArrayRecord,
+COCO layout, sentencepiece, MLPerf logs) with the builders of the data tests, then damaged.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from benchmarks.common import grammar, weights
+from tests.test_imagenet_data import imagenet_dir  # noqa: F401  (a fixture)
+from tests.test_lm_data import _write_lm1b
+from tests.test_ssd_data import coco  # noqa: F401  (a fixture)
+from tests.test_transformer_data import _write_wmt14
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VERBS = {"main": [sys.executable, "-m", "benchmarks.main"],
+         "ablate": [sys.executable, "-m", "benchmarks.ablate"],
+         "scale": [sys.executable, "-m", "benchmarks.scale"],
+         "run.sh": [os.path.join(ROOT, "run.sh")]}
+# SSD on a COCO folder: a model and batch that would pass every other check. One device and
+# eval batches of one image: the damaged validation image (the third) is not in the first eval
+# batch, which the setup reads for shapes, so without the early check it is found only at the
+# first evaluation, after training (and the log written).
+SSD_COCO = ["--dataset=coco", "--num_cpu_devices=1", "--global_batch_size=4",
+            "--eval_batch_size=1"]
+
+
+def _mllog(key, value, time_ms=1):
+  return ":::MLLOG " + json.dumps({"namespace": "", "time_ms": time_ms, "event_type":
+                                   "POINT_IN_TIME", "key": key, "value": value, "metadata": {}})
+
+
+def _damage_info(folder):
+  """A tfds folder whose dataset_info.json is garbage (the ArrayRecord files intact)."""
+  [info] = [os.path.join(d, f) for d, _, fs in os.walk(folder) for f in fs
+            if f == "dataset_info.json"]
+  with open(info, "w") as f:
+    f.write('{"name": "half written", "splits": [{"na')
+  return str(folder)
+
+
+def _unwritable(base):
+  """A folder no file can be made in: permission bits for a normal user; for root, who ignores
+  them, a path under /proc (a virtual file system that takes no new files)."""
+  if os.geteuid() == 0:
+    return "/proc/meshperf-bad-input"
+  base.mkdir()
+  base.chmod(0o500)
+  return str(base)
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory, coco, imagenet_dir):  # noqa: F811
+  """Damaged inputs by name (the cases' {placeholders}), built once for the module."""
+  root = tmp_path_factory.mktemp("inputs")
+  d = {"root": str(root)}
+  # tfds ArrayRecord datasets that tensorflow-datasets' own builders wrote, then damaged.
+  en, de = grammar.corpus(40, 5)
+  _write_wmt14(root / "wmt14", (en[:30], de[:30]), (en[30:], de[30:]))
+  d["wmt14_garbage"] = _damage_info(root / "wmt14")
+  _write_lm1b(root / "lm1b", en[:30], en[30:])
+  d["lm1b_garbage"] = _damage_info(root / "lm1b")
+  d["imagenet_garbage"] = _damage_info(shutil.copytree(imagenet_dir, root / "imagenet"))
+  # COCO-layout folders (the SSD data tests' own), each with one defect.
+  coco_root = coco[0]
+  for name in ("coco_width0", "coco_cut_jpeg", "coco_missing_jpeg"):
+    d[name] = str(shutil.copytree(coco_root, root / name))
+  path = root / "coco_width0" / "annotations" / "instances_train2017.json"
+  train = json.loads(path.read_text())
+  train["images"][1]["width"] = 0
+  path.write_text(json.dumps(train))
+  val = json.loads((root / "coco_cut_jpeg" / "annotations" / "instances_val2017.json").read_text())
+  d["val_jpeg"], d["val_id"] = val["images"][2]["file_name"], val["images"][2]["id"]
+  jpeg = root / "coco_cut_jpeg" / "val2017" / d["val_jpeg"]
+  jpeg.write_bytes(jpeg.read_bytes()[:jpeg.stat().st_size // 2])   # a copy cut short
+  (root / "coco_missing_jpeg" / "val2017" / d["val_jpeg"]).unlink()
+  # Files that are not what a flag wants.
+  (root / "notes.txt").write_text("a text file, not a sentencepiece model or a log\n")
+  d["text_file"] = str(root / "notes.txt")
+  (root / "folder").mkdir()
+  d["folder"] = str(root / "folder")
+  (root / "garbage.npz").write_bytes(b"not a zip archive" * 10)
+  d["garbage_npz"] = str(root / "garbage.npz")
+  stem_only = {"params": {"stem": {"kernel": np.zeros((7, 7, 3, 4), np.float32)},
+                          "BatchNorm_0": {"scale": np.ones(4, np.float32)}, "Block_0": {}},
+               "batch_stats": {"BatchNorm_0": {"mean": np.zeros(4, np.float32)}}}
+  stem_only["params"]["Block_0"] = {"Conv_0": {"kernel": np.zeros((1, 1, 4, 4), np.float32)}}
+  weights.save_npz(stem_only, str(root / "resnet_block0.npz"))
+  d["resnet_block0_npz"] = str(root / "resnet_block0.npz")
+  d["unwritable"] = _unwritable(root / "readonly")
+  # Plain-text corpora with one defect each.
+  (root / "uneven").mkdir()
+  (root / "uneven" / "train.en").write_text("".join(s + "\n" for s in en))
+  (root / "uneven" / "train.de").write_text("".join(s + "\n" for s in de[:-1]))
+  (root / "empty_lm").mkdir()
+  (root / "empty_lm" / "train.txt").write_text("\n\n")
+  (root / "empty_lm" / "eval.txt").write_text("a sentence\n")
+  # MLPerf logs: one a crash cut mid-line, one edited, one of a benchmark meshperf lacks.
+  lines = [_mllog("submission_benchmark", "resnet"), _mllog("init_start", None, 2),
+           _mllog("seed", 0, 3)]
+  (root / "logs").mkdir()
+  (root / "logs" / "cut").mkdir()
+  (root / "logs" / "cut" / "result_0.txt").write_text("\n".join(lines)[:-25])
+  (root / "logs" / "edited.txt").write_text("\n".join([lines[0], lines[1][:40], lines[2]]) + "\n")
+  (root / "logs" / "bert.txt").write_text(_mllog("submission_benchmark", "bert") + "\n")
+  (root / "logs" / "empty").mkdir()
+  yield d
+  if os.geteuid() != 0:
+    os.chmod(d["unwritable"], 0o700)
+
+
+CASES = [
+    # --- moved from test_cli.py: mesh, layout, batch, dataset, preset, flags, optimizations ----
+    ("main", ["resnet", "--mesh=data:3"], "has 3 devices but 8 are available"),
+    ("main", ["resnet", "--mesh=data"], "must be name:value"),
+    ("main", ["resnet", "--mesh=data:-1,model:-1"], "more than once"),
+    ("main", ["resnet", "--layout=batch:model"], "names mesh axis 'model'"),
+    ("main", ["resnet", "--layout=batch:data;;"], "empty entry"),
+    ("main", ["resnet", "--mesh=data:4,model:2",
+              "--layout=batch:data;in_channels:model;channels:model"],
+     "both split over mesh axis 'model'"),
+    ("main", ["resnet", "--mesh=data:4,model:2", "--layout=batch:data;channels:model",
+              "--model_width=3"], "not divisible by mesh axes model"),
+    ("main", ["resnet", "--global_batch_size=60"], "--global_batch_size=60 is not divisible"),
+    ("main", ["resnet", "--dataset=imagenet", "--data_dir=/nonexistent"], "does not exist"),
+    ("main", ["resnet", "--dataset=cifar"], "--dataset=cifar: choose one of"),
+    ("main", ["resnet", "--config=tpu-v9"], "unknown --config 'tpu-v9'"),
+    ("main", ["resnet", "--model_depth=51"], "--model_depth=51: choose one of"),
+    ("main", ["bert"], "unknown benchmark 'bert'; choose one of resnet, transformer, ssd"),
+    ("main", [], "name a benchmark"),
+    ("main", ["resnet", "--adam_beta1=0.5"], "--adam_beta1 is a flag of transformer"),
+    ("main", ["resnet", "--no_such_flag=1"],
+     "unknown flag --no_such_flag; `./run.sh resnet --help`"),
+    ("main", ["resnet", "--global_batch_size=abc"], "--global_batch_size=abc: expects an integer"),
+    ("main", ["resnet", "--base_learning_rate=fast"],
+     "--base_learning_rate=fast: expects a number"),
+    ("main", ["ssd", "--eval_epochs=4,x"], "--eval_epochs=4,x: expects comma-separated integers"),
+    ("main", ["ssd", "--aspect_ratios=2;a"], "--aspect_ratios=2;a: expects ';'-separated groups"),
+    ("main", ["resnet", "extra"], "unexpected argument 'extra'"),
+    ("main", ["resnet", "--optimizations=grad_accum:0"],
+     "grad_accum needs the number of micro-batches"),
+    ("main", ["resnet", "--optimizations=turbo"], "unknown optimization 'turbo'"),
+    ("main", ["resnet", "--optimizations=grad_sum_2d"], "needs the batch split over two mesh axes"),
+    ("main", ["transformer", "--dataset=text"], "reads --data_dir, which is not set"),
+    ("main", ["transformer", "--dataset=text", f"--data_dir={ROOT}"], "train.en is missing"),
+    ("main", ["transformer", "--config=cpu-model", "--num_heads=6", "--d_kv=16"],
+     "not divisible by mesh axes model"),
+    ("main", ["transformer", "--vocab_size=5000"], "choose a smaller --vocab_size"),
+    ("main", ["transformer", "--truncation=cut"], "--truncation=cut: choose discard or truncate"),
+    ("main", ["ssd", "--dataset=coco"], "--dataset=coco needs --data_dir"),
+    ("main", ["ssd", "--extra_blocks=2,3,2,2"], "each entry is 2 (stride 2) or 0 (unpadded)"),
+    ("main", ["ssd", "--extra_blocks=2,2,0,0"], "--image_size=128: image size 128 is too small"),
+    # --- the issue's cases --------------------------------------------------------------------
+    ("run.sh", ["ssd", "--aspect_ratios=2;;;;"], "--aspect_ratios=2;;;;: group 2 is empty"),
+    ("main", ["transformer", "--dataset=wmt14", "--data_dir={wmt14_garbage}"],
+     "dataset_info.json is not a readable dataset_info.json (JSONDecodeError"),
+    ("main", ["lm", "--dataset=lm1b", "--data_dir={lm1b_garbage}"],
+     "the folder is damaged: prepare lm1b again with `tfds build lm1b"),
+    ("main", ["resnet", "--dataset=imagenet", "--data_dir={imagenet_garbage}"],
+     "the folder is damaged: prepare imagenet2012 again"),
+    ("main", ["ssd", *SSD_COCO, "--data_dir={coco_width0}"], "has width 0; COCO image records"),
+    ("main", ["transformer", "--tokenizer={text_file}"],
+     "tokenizer {text_file} is not a sentencepiece model"),
+    ("main", ["lm", "--tokenizer={text_file}"], "is not a sentencepiece model"),
+    ("main", ["transformer", "--tokenizer={folder}"], "tokenizer {folder} is a folder"),
+    ("main", ["lm", "--tokenizer={unwritable}/spm.model"],
+     "--tokenizer={unwritable}/spm.model: cannot write in"),
+    ("main", ["resnet", "--output_dir={unwritable}/run"],
+     "--output_dir={unwritable}/run: cannot write in"),
+    ("main", ["resnet", "--output_dir={text_file}"], "--output_dir={text_file} is a file"),
+    ("main", ["resnet", "--output_dir={text_file}/run"], "is a file, so nothing can be made under"),
+    ("run.sh", ["check", "{root}/logs/cut"], "its last line (line 3) is cut off mid-record"),
+    ("run.sh", ["check", "{root}/logs/edited.txt"], "line 2 is not a whole MLLOG record"),
+    ("run.sh", ["check", "{text_file}"], "is not an MLPerf log (no :::MLLOG lines)"),
+    ("run.sh", ["check", "{root}/logs/bert.txt"], "no known submission_benchmark in the log"),
+    ("run.sh", ["check", "{root}/logs/empty"], "no result_*.txt under"),
+    ("run.sh", ["check"], "./run.sh check takes one PATH"),
+    ("run.sh", ["check", "{text_file}", "{text_file}"], "./run.sh check takes one PATH"),
+    ("run.sh", [], "./run.sh needs a verb: a benchmark (resnet, transformer, ssd, lm), test, check"),
+    ("run.sh", ["--config=tiny"], "the first word is a verb"),
+    ("run.sh", ["install", "rocm"], "./run.sh install takes tpu, cuda12 or cuda13"),
+    ("main", ["resnet", "--coordinator_address=127.0.0.1:23456", "--num_processes=2",
+              "--process_id=2"], "--process_id=2: choose 0..1 (--num_processes=2)"),
+    ("main", ["resnet", "--num_processes=0"], "--num_processes=0: at least 1"),
+    ("main", ["resnet", "--process_id=1"], "--process_id=1 needs --coordinator_address=HOST:PORT"),
+    ("main", ["resnet", "--num_processes=4", "--process_id=0"],
+     "--num_processes=4 needs --coordinator_address"),
+    ("main", ["resnet", "--coordinator_address=host0", "--num_processes=2", "--process_id=0"],
+     "--coordinator_address=host0: write HOST:PORT"),
+    ("main", ["resnet", "--coordinator_address=127.0.0.1:23456"],
+     "--coordinator_address needs --num_processes and --process_id"),
+    ("main", ["resnet", "--coordinator_address=auto", "--process_id=0"],
+     "the TPU pod numbers its processes itself"),
+    ("ablate", ["resnet", "--no_such_flag=1"], "unknown flag --no_such_flag"),
+    ("ablate", ["resnet", "--ablate_steps=abc"], "--ablate_steps=abc: expects an integer"),
+    ("ablate", ["resnet", "--ablate_steps=-1"], "--ablate_steps=-1: timed steps per variant"),
+    ("ablate", ["resnet", "--ablate_rounds=0"], "--ablate_rounds=0: at least 1"),
+    ("ablate", ["resnet", "--ablate_json={text_file}/ablate.json"], "is a file, so nothing can"),
+    ("ablate", ["--ablate_steps=1"], "name a benchmark: run.sh ablate <benchmark>"),
+    ("scale", ["resnet", "--no_such_flag=1"], "Unknown command line flag 'no_such_flag'"),
+    ("scale", ["resnet", "--chips=abc"], "--chips=abc: comma-separated integers"),
+    ("scale", ["resnet", "--chips=17"], "--chips=17: Google's v0.6 TPU-v3 results are for 16"),
+    ("scale", ["resnet", "--refresh=maybe"], "--refresh=maybe: expects true or false"),
+    ("scale", ["resnet", "--overlap=partial"], "--overlap=partial: expects one of <none|full>"),
+    ("scale", ["lm"], "scale lm: no MLPerf v0.6 TPU result to compare with"),
+    ("scale", [], "name a benchmark: run.sh scale <benchmark>"),
+    ("scale", ["ssd", "--chips=16", "--output_dir={text_file}"],
+     "--output_dir={text_file} is a file"),
+    ("scale", ["transformer", "--chips=16", "--plot={unwritable}/scale.png"],
+     "--plot={unwritable}/scale.png: cannot write in"),
+    ("main", ["resnet", "--base_learning_rate=0"], "--base_learning_rate=0.0: must be positive"),
+    ("main", ["resnet", "--base_learning_rate=nan"], "--base_learning_rate=nan: must be positive"),
+    ("main", ["resnet", "--end_learning_rate=-0.1"], "--end_learning_rate=-0.1: must be >= 0"),
+    ("main", ["transformer", "--base_learning_rate=-1"],
+     "--base_learning_rate=-1.0: must be positive"),
+    ("main", ["ssd", "--base_learning_rate=0"], "--base_learning_rate=0.0: must be positive"),
+    ("main", ["lm", "--base_learning_rate=0"], "--base_learning_rate=0.0: must be positive"),
+    ("main", ["lm", "--end_learning_rate=1"], "--end_learning_rate=1.0 is above"),
+    ("ablate", ["ssd", "--base_learning_rate=-0.5"], "--base_learning_rate=-0.5: must be positive"),
+    ("main", ["resnet", "--num_cpu_devices=-1"], "--num_cpu_devices=-1: simulate N >= 1 CPU"),
+    ("main", ["ssd", "--backbone_checkpoint={garbage_npz}"],
+     "--backbone_checkpoint={garbage_npz}: not an .npz file (not a zip archive)"),
+    ("main", ["ssd", "--backbone_checkpoint={folder}"], "no orbax checkpoint in {folder}"),
+    ("main", ["ssd", "--backbone_checkpoint={resnet_block0_npz}"],
+     "lacks params ['Block_1', 'Block_2', 'Block_3', 'Block_4', 'Block_5']: is it a ResNet-18"),
+    ("main", ["ssd", "--backbone_checkpoint=/nonexistent.npz"], "/nonexistent.npz does not exist"),
+    ("main", ["ssd", *SSD_COCO, "--data_dir={coco_cut_jpeg}"],
+     "{val_jpeg} (id {val_id}) is cut short: a JPEG of"),
+    ("main", ["ssd", *SSD_COCO, "--data_dir={coco_missing_jpeg}"],
+     "{val_jpeg} (id {val_id}) is missing"),
+    # --- more: values out of range, runs that cannot be laid out, inputs of the wrong kind -----
+    ("main", ["resnet", "--seed=-1"], "--seed=-1: seeds are integers >= 0"),
+    ("main", ["resnet", "--max_epochs=-3"], "--max_epochs must be positive (got -3)"),
+    ("main", ["resnet", "--eval_epochs=0"], "--eval_epochs=0: epochs count from 1"),
+    ("main", ["resnet", "--eval_every_samples=6400"],
+     "--eval_every_samples: this benchmark evaluates after epochs"),
+    ("main", ["lm", "--eval_epochs=2"], "--eval_epochs: this benchmark evaluates every"),
+    ("main", ["lm", "--eval_every_samples=100"], "--eval_every_samples=100 is not a multiple of"),
+    ("main", ["resnet", "--eval_batch_size=12"], "--eval_batch_size=12 is not divisible by the 8"),
+    ("main", ["resnet", "--optimizations=grad_accum:3"], "x 3 micro-batches"),
+    ("main", ["resnet", "--mesh=data:0"], "mesh axis 'data' has size 0"),
+    ("main", ["resnet", "--layout=batch:data+data"], "names a mesh axis twice"),
+    ("main", ["resnet", "--dtype=float16"], "--dtype=float16: choose float32 or bfloat16"),
+    ("main", ["resnet", "--division=bogus"], "--division=bogus: expects one of <open|closed>"),
+    ("main", ["resnet", "--run_index=-1"], "--run_index=-1: must be >= 0"),
+    ("main", ["resnet", "--momentum=1.5"], "--momentum=1.5: must be in [0, 1)"),
+    ("main", ["resnet", "--num_classes=1"], "--num_classes=1: a classifier needs at least 2"),
+    ("main", ["resnet", "--bn_span=3"], "--bn_span=3 does not divide the 64 examples"),
+    ("main", ["resnet", "--config="], "--config=: write it as --config=NAME"),
+    ("main", ["resnet", "--topology=v3:2x2"], "--topology names a slice to compile for"),
+    ("main", ["resnet", "--compile_only", "--topology=v9:2x2"], "--topology=v9:2x2: expected"),
+    ("main", ["ssd", "--image_size=0"], "--image_size=0: must be positive"),
+    ("main", ["ssd", "--nms_iou=0"], "--nms_iou=0.0: an IoU in (0, 1]"),
+    ("main", ["transformer", "--dataset=text", "--data_dir={root}/uneven", "--eval_split=train"],
+     "train.en has 40 lines but train.de has 39"),
+    ("main", ["lm", "--dataset=text", "--data_dir={root}/empty_lm"], "train.txt has no text"),
+]
+
+
+def _tree(*roots, cache=None):
+  """Every path under the roots (files and folders), but for finished tokenizers in the cache:
+  a vocabulary trained before the run failed (a model that does not fit the layout) is kept
+  for the next run, like any cached tokenizer."""
+  paths = {os.path.join(d, n) for r in roots if os.path.isdir(r) for d, ds, fs in os.walk(r)
+           for n in ds + fs}
+  kept = os.path.join(str(cache), "tokenizers")
+  return {p for p in paths if not (p == kept or p.startswith(kept + os.sep)
+                                   and p.endswith(".model"))}
+
+
+def _run(verb, args, cwd, cache):
+  env = dict(os.environ)
+  env.pop("XLA_FLAGS", None)
+  env["MESHPERF_CACHE"] = cache
+  env["PYTHONPATH"] = ROOT
+  return subprocess.run(VERBS[verb] + args, cwd=cwd, env=env, capture_output=True, text=True,
+                        timeout=300, check=False)
+
+
+def _id(verb, args):
+  text = " ".join(args)
+  return f"{verb} {text if len(text) <= 72 else args[0] + ' ..' + text[-60:]}"
+
+
+@pytest.mark.parametrize("verb,args,needle", CASES, ids=[_id(v, a) for v, a, _ in CASES])
+def test_bad_input(inputs, tmp_path, verb, args, needle):
+  out = tmp_path / "out"
+  cwd, cache = tmp_path / "cwd", tmp_path / "cache"
+  cwd.mkdir()
+  cache.mkdir()
+
+  def fill(text):
+    return text.format(**inputs, out=out)
+  args = [fill(a) for a in args]
+  if verb in ("main", "ablate") or (verb == "run.sh" and args and args[0] in
+                                    ("resnet", "transformer", "ssd", "lm")):
+    if not any(a.startswith("--output_dir") for a in args):
+      args.append(f"--output_dir={out}")
+  before = _tree(tmp_path, inputs["root"], cache=cache)
+  p = _run(verb, args, str(cwd), str(cache))
+  said = p.stderr[-3000:]
+  assert p.returncode == 2, said
+  assert "Traceback" not in p.stderr, said
+  assert not any(line.lower().startswith(("usage", "flags:")) for line in p.stderr.splitlines())
+  errors = [line for line in p.stderr.splitlines() if line.startswith("error: ")]
+  assert len(errors) == 1 and fill(needle) in errors[0], said
+  assert not out.exists()
+  assert _tree(tmp_path, inputs["root"], cache=cache) == before   # nothing made or removed
