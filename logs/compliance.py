@@ -66,7 +66,8 @@ def read_log(path: str) -> list[dict]:
     if rec is None:
       cut = n == len(lines) and not line.rstrip().endswith("}")
       what = (f"its last line (line {n}) is cut off mid-record: the run ended while writing it "
-              f"(a crash, a kill or a full disk), so the log is incomplete; run it again"
+              f"(a crash, a kill or a full disk), so the log is incomplete and not a result; run it "
+              f"again, or continue it with --resume (its own log, not a result either)"
               if cut else f"line {n} is not a whole MLLOG record ({line.strip()[:80]}); the "
               f"log was edited or damaged")
       raise UserError(f"{path}: {what}")
