@@ -100,6 +100,14 @@ def make_optimizer(lr, weight_decay: float, momentum: float = 0.9):
                      optax.sgd(lr, momentum=momentum))
 
 
+def meshperf_names(tree: dict) -> dict:
+  """The baseline's params or batch_stats under meshperf's ResNet names (the stem convolution is
+  "stem", blocks are "Block_i"; inside a block both number their layers in the same order)."""
+  def rename(k: str) -> str:
+    return "stem" if k == "Conv_0" else k.replace("BaselineBlock_", "Block_")
+  return {rename(k): v for k, v in tree.items()}
+
+
 def param_count(params) -> int:
   return int(sum(np.prod(np.shape(p)) for p in jax.tree.leaves(params)))
 
@@ -139,7 +147,7 @@ class Baseline:
     n = len(self.devices)
     images = images.reshape((n, self.local_batch) + images.shape[1:])
     labels = labels.reshape((n, self.local_batch))
-    return jax.pmap(lambda i, l: (i, l), devices=self.devices)(images, labels)
+    return jax.pmap(lambda x, y: (x, y), devices=self.devices)(images, labels)
 
   def _train_step(self, state, batch):
     params, batch_stats, opt_state = state
