@@ -11,7 +11,7 @@ Issue 13's performance targets, measured side by side in one run:
   4. N devices against 1 device at the same global batch: ResNet's measured here (meshperf's
      step); the other benchmarks not measured yet.
   6. compile time of each CPU default's steps (train and eval, as `--compile_only` compiles
-     them), against the reference in REFERENCE_COMPILE_S: met when none grew by more than
+     them), in CPU seconds against REFERENCE_COMPILE_CPU_S: met when none grew by more than
      COMPILE_SLACK.
 
 The machine may be noisy: the two steps alternate (A B, then B A, ...) for `--rounds` rounds of
@@ -38,11 +38,13 @@ import time
 from collections import Counter
 from typing import Any
 
-# Issue 13 target 6: compile seconds of each CPU default's train + eval steps, measured by
-# `./run.sh perf` on this project's 2-core machine (8 simulated CPU devices, other work running),
-# 2026-12-01. A later run meets the target while none exceeds its reference by COMPILE_SLACK.
-REFERENCE_COMPILE_S = {"resnet": None, "transformer": None, "ssd": None, "lm": None}
-COMPILE_SLACK = 1.25          # compile times on a shared machine vary by ~10-20% run to run
+# Issue 13 target 6: CPU seconds compiling each CPU default's train + eval steps (8 simulated CPU
+# devices), as `./run.sh perf --devices=none` measured them on this project's 2-core machine with
+# other work running, 2026-12-01: the larger of two runs (resnet 13.0 / 11.4, transformer
+# 9.4 / 9.9, ssd 13.3 / 13.4, lm 4.7 / 4.1). A later run meets the target while none exceeds its
+# reference by COMPILE_SLACK (the same compile measured up to 15% apart between runs).
+REFERENCE_COMPILE_CPU_S = {"resnet": 13.0, "transformer": 9.9, "ssd": 13.4, "lm": 4.7}
+COMPILE_SLACK = 1.25
 FLOPS_TOLERANCE = 0.01
 
 
@@ -68,7 +70,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                  help="cross: batch-norm statistics over the whole global batch (cross-replica;"
                       " meshperf --bn_span=batch); local: each replica's own examples")
   p.add_argument("--devices", default="all,1",
-                 help="device counts to measure, e.g. all,1 or 8,4,1 (all: every device)")
+                 help="device counts to measure, e.g. all,1 or 8,4,1 (all: every device; none: "
+                      "no ResNet steps, e.g. only target 6's compile times)")
   p.add_argument("--rounds", type=int, default=None, help="alternating rounds (default 10)")
   p.add_argument("--steps", type=int, default=None, help="steps per program per round (default 1)")
   p.add_argument("--warmup", type=int, default=1, help="untimed steps of each program first")
@@ -114,6 +117,8 @@ def accelerator_plugin() -> str | None:
 def device_counts(spec: str, available: int) -> tuple[list[int], list[str]]:
   """The device counts to measure (largest first) and notes on those not available here."""
   counts, notes = [], []
+  if spec.strip() == "none":   # no ResNet steps (e.g. only the compile times of target 6)
+    return counts, notes
   for part in spec.split(","):
     part = part.strip()
     n = available if part == "all" else int(part) if part.isdigit() else -1
@@ -334,24 +339,37 @@ def measure_resnet(a, devs, say) -> dict[str, Any]:
   return out
 
 
-def compile_defaults(say) -> dict[str, Any]:
-  """Target 6: each CPU default's train and eval steps compiled as `--compile_only` does
-  (no persistent cache), seconds each."""
-  from benchmarks import compile_only, registry  # pylint: disable=import-outside-toplevel
+def compile_defaults(say) -> dict[str, dict[str, float]]:
+  """Target 6: each CPU default's train and eval steps compiled as `--compile_only` compiles
+  them (the dataset described where it can be, no state, no persistent cache): wall and CPU
+  seconds of the compilation alone. CPU seconds are what the target compares: on a shared
+  machine the wall time of the same compile varied by 70% between runs."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from benchmarks import registry, train  # pylint: disable=import-outside-toplevel
+  from benchmarks.step import compile_steps  # pylint: disable=import-outside-toplevel
   out = {}
-  for name in registry.BENCHMARKS:
-    cfg = registry.BENCHMARKS[name].config().PRESETS["cpu"]
+  devs = jax.devices()
+  for name, entry in registry.BENCHMARKS.items():
+    cfg = entry.config().PRESETS["cpu"]
     say(f"  compiling {name}'s CPU default (train and eval steps)")
-    raw = compile_only.compile_facts(name, cfg, None, with_eval=True, say=lambda *_: None)
-    out[name] = raw["compile_s"]
-    say(f"    {out[name]:.1f} s")
+    sharder, plan = train.build_sharder(cfg, devs)
+    replicas = train.check_batches(cfg, sharder, plan, 1)
+    task = entry.build()(cfg, replicas=replicas, process_index=0, process_count=1,
+                         shapes_only=True)
+    train_example, eval_example = task.data.example_batches()
+    w0, c0 = time.perf_counter(), time.process_time()
+    compile_steps(task, sharder, cfg.seed, train_example, eval_example, 1, plan,
+                  eval_device=devs[0])
+    out[name] = {"wall_s": time.perf_counter() - w0, "cpu_s": time.process_time() - c0}
+    say(f"    {out[name]['wall_s']:.1f} s ({out[name]['cpu_s']:.1f} s CPU)")
   return out
 
 
 # --- targets and reports ------------------------------------------------------------------------
 
-def targets(a, resnet: dict[int, dict], compile_s: dict | None,
-            previous: dict | None) -> list[dict[str, Any]]:
+def targets(a, resnet: dict[int, dict], compile_s: dict | None, previous: dict | None,
+            where: tuple[str, int] = ("cpu", 8)) -> list[dict[str, Any]]:
+  """The target rows; `where`: (platform, device count) of this run."""
   rows = []
   for n, r in resnet.items():
     rows.append({
@@ -362,6 +380,9 @@ def targets(a, resnet: dict[int, dict], compile_s: dict | None,
                    f"FLOPs {_rel(r['flops_rel_diff'])}"
                    + ("" if r["flops_match"] else f" (over the {FLOPS_TOLERANCE:.0%} of same "
                                                   f"FLOPs)"))})
+  if not resnet:
+    rows.append({"target": "1", "what": "ResNet step / hand-written", "value": "not measured "
+                 "(--devices=none)", "goal": "<= 1.00", "met": False, "detail": ""})
   rows.append({"target": "2", "what": "step through the harness / bare compiled step",
                "value": "not measured yet", "goal": "<= 1.02, all four benchmarks",
                "met": False, "detail": ""})
@@ -381,20 +402,22 @@ def targets(a, resnet: dict[int, dict], compile_s: dict | None,
                  "value": "not measured (--compile_defaults=no)", "goal": "reported, not growing",
                  "met": False, "detail": ""})
   else:
-    ref = {k: REFERENCE_COMPILE_S.get(k) for k in compile_s}
-    grew = [k for k, v in compile_s.items() if ref[k] and v > ref[k] * COMPILE_SLACK]
-    unref = [k for k in compile_s if not ref[k]]
-    prev = (previous or {}).get("compile_defaults_s") or {}
+    same_host = where == ("cpu", 8)    # the references are for 8 simulated CPU devices
+    ref = {k: REFERENCE_COMPILE_CPU_S.get(k) if same_host else None for k in compile_s}
+    cpu = {k: v["cpu_s"] for k, v in compile_s.items()}
+    grew = [k for k, v in cpu.items() if ref[k] and v > ref[k] * COMPILE_SLACK]
+    unref = [k for k in cpu if not ref[k]]
+    prev = (previous or {}).get("compile_defaults") or {}
     detail = "; ".join(
-        f"{k} {v:.1f} s (reference {ref[k] if ref[k] else '-'}"
-        + (f", previous run {prev[k]:.1f}" if prev.get(k) else "") + ")"
-        for k, v in compile_s.items())
-    rows.append({"target": "6", "what": "compile time of each CPU default (train + eval)",
-                 "value": " / ".join(f"{v:.0f}" for v in compile_s.values()) + " s",
-                 "goal": f"<= {COMPILE_SLACK:g}x reference",
-                 "met": not grew and not unref,
+        f"{k} {v:.1f} s (reference {ref[k] or '-'}"
+        + (f", previous run {prev[k]['cpu_s']:.1f}" if isinstance(prev.get(k), dict) else "")
+        + ")" for k, v in cpu.items())
+    rows.append({"target": "6", "what": "CPU seconds compiling each CPU default (train + eval)",
+                 "value": " / ".join(f"{v:.1f}" for v in cpu.values()),
+                 "goal": f"<= {COMPILE_SLACK:g}x reference", "met": not grew and not unref,
                  "detail": detail + (f"; grew: {', '.join(grew)}" if grew else "")
-                 + (f"; no reference for {', '.join(unref)}" if unref else "")})
+                 + (f"; no reference for {', '.join(unref)}" if unref and same_host else "")
+                 + ("" if same_host else "; the references are for 8 simulated CPU devices")})
   return rows
 
 
@@ -412,34 +435,41 @@ def _targets_met(rows) -> tuple[int, int]:
 def markdown(a, env: dict, resnet: dict[int, dict], rows, compile_s) -> str:
   lines = [f"# ./run.sh perf, {env['when']}", "",
            f"`{env['command']}` on {env['devices']} {env['platform']} device(s) "
-           f"({env['device_kind']}), jax {env['jax']}; ResNet-{a.depth} width {a.width}, "
-           f"{a.image_size} px, {a.num_classes} classes, global batch {a.batch}, float32, "
-           f"{'cross-replica' if a.bn == 'cross' else 'per-replica'} batch norm, SGD momentum "
-           f"0.9; {a.rounds} alternating rounds of {a.steps} steps after {a.warmup} warmup "
-           f"steps; medians.", "",
-           "| devices | meshperf ms/step | baseline ms/step | ratio: median of rounds "
-           "(quartiles) | CPU ms/step (meshperf / baseline), ratio | compile s (meshperf / "
-           "baseline) | GFLOPs/device (meshperf / baseline) | params |",
-           "|---|---|---|---|---|---|---|---|"]
-  for n, r in resnet.items():
-    f, q, c = r["flops_per_device"], r["ratio_quartiles"], r["cpu_ms_per_step"]
-    lines.append(
-        f"| {n} | {r['ms_per_step']['meshperf']:.1f} | {r['ms_per_step']['baseline']:.1f} | "
-        f"{r['ratio']:.3f} ({q[0]:.3f}-{q[1]:.3f}) | {c['meshperf']:.0f} / {c['baseline']:.0f}, "
-        f"{r['cpu_ratio']:.3f} | {r['compile_s']['meshperf']:.1f} / "
-        f"{r['compile_s']['baseline']:.1f} | {f['meshperf'] / 1e9:.3f} / "
-        f"{f['baseline'] / 1e9:.3f} ({_rel(r['flops_rel_diff'])}) | {r['params']:,} |")
-  lines += ["", "Optimized HLO, ops per step (collectives and fusions as launched; "
-            f"{', '.join(IN_FUSIONS)} also counted inside fusions):", "",
-            "| devices | program | " + " | ".join(KEY_OPS) + " |",
-            "|---|---|" + "---|" * len(KEY_OPS)]
-  for n, r in resnet.items():
-    for name, ops in r["hlo_ops"].items():
-      lines.append(f"| {n} | {name} | " + " | ".join(str(ops[k]) for k in KEY_OPS) + " |")
+           f"({env['device_kind']}), jax {env['jax']}, load average {env['load_average']}."]
+  if resnet:
+    lines += [
+        "", f"ResNet-{a.depth} width {a.width}, {a.image_size} px, {a.num_classes} classes, "
+        f"global batch {a.batch}, float32, "
+        f"{'cross-replica' if a.bn == 'cross' else 'per-replica'} batch norm, SGD momentum 0.9; "
+        f"{a.rounds} alternating rounds of {a.steps} step(s) after {a.warmup} warmup step(s); "
+        f"medians.", "",
+        "| devices | meshperf ms/step | baseline ms/step | ratio: median of rounds "
+        "(quartiles) | CPU ms/step (meshperf / baseline), ratio | compile s (meshperf / "
+        "baseline) | GFLOPs/device (meshperf / baseline) | params |",
+        "|---|---|---|---|---|---|---|---|"]
+    for n, r in resnet.items():
+      f, q, c = r["flops_per_device"], r["ratio_quartiles"], r["cpu_ms_per_step"]
+      lines.append(
+          f"| {n} | {r['ms_per_step']['meshperf']:.1f} | {r['ms_per_step']['baseline']:.1f} | "
+          f"{r['ratio']:.3f} ({q[0]:.3f}-{q[1]:.3f}) | {c['meshperf']:.0f} / "
+          f"{c['baseline']:.0f}, {r['cpu_ratio']:.3f} | {r['compile_s']['meshperf']:.1f} / "
+          f"{r['compile_s']['baseline']:.1f} | {f['meshperf'] / 1e9:.3f} / "
+          f"{f['baseline'] / 1e9:.3f} ({_rel(r['flops_rel_diff'])}) | {r['params']:,} |")
+    lines += ["", "Optimized HLO, ops per step (collectives and fusions as launched; "
+              f"{', '.join(IN_FUSIONS)} also counted inside fusions):", "",
+              "| devices | program | " + " | ".join(KEY_OPS) + " | bytes accessed/device |",
+              "|---|---|" + "---|" * (len(KEY_OPS) + 1)]
+    for n, r in resnet.items():
+      for name, ops in r["hlo_ops"].items():
+        b = r["bytes_accessed"][name]
+        lines.append(f"| {n} | {name} | " + " | ".join(str(ops[k]) for k in KEY_OPS)
+                     + f" | {'?' if b is None else f'{b / 2**20:,.0f} MiB'} |")
   if compile_s:
-    lines += ["", "| CPU default | compile s (train + eval) | reference |", "|---|---|---|"]
+    lines += ["", "| CPU default | compile s (train + eval) | CPU s | reference CPU s |",
+              "|---|---|---|---|"]
     for k, v in compile_s.items():
-      lines.append(f"| {k} | {v:.1f} | {REFERENCE_COMPILE_S.get(k) or '-'} |")
+      lines.append(f"| {k} | {v['wall_s']:.1f} | {v['cpu_s']:.1f} | "
+                   f"{REFERENCE_COMPILE_CPU_S.get(k) or '-'} |")
   lines += ["", "| target | what | value | goal | met | detail |", "|---|---|---|---|---|---|"]
   for r in rows:
     lines.append(f"| {r['target']} | {r['what']} | {r['value']} | {r['goal']} | "
@@ -483,7 +513,7 @@ def main(argv: list[str]) -> int:
   except ArgError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
-  if a.batch % max(counts):
+  if counts and a.batch % max(counts):
     print(f"error: --batch={a.batch} does not split over {max(counts)} devices", file=sys.stderr)
     return 2
   when = time.strftime("%Y%m%d-%H%M%S")
@@ -506,7 +536,7 @@ def main(argv: list[str]) -> int:
         f"{r['ms_per_step']['baseline']:.1f} ms, ratio {r['ratio']:.3f}")
   compile_s = compile_defaults(say) if a.compile_defaults else None
   previous = _previous_report(os.path.dirname(out_dir.rstrip("/")) or ".", out_dir)
-  rows = targets(a, resnet, compile_s, previous)
+  rows = targets(a, resnet, compile_s, previous, (devs[0].platform, len(devs)))
   met, total = _targets_met(rows)
   env["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
   os.makedirs(out_dir, exist_ok=True)
@@ -516,7 +546,7 @@ def main(argv: list[str]) -> int:
       with open(os.path.join(out_dir, f"{name}_{n}dev.hlo.txt"), "w", encoding="utf-8") as f:
         f.write(text)
   report = {"env": env, "args": vars(a), "resnet": {str(n): r for n, r in resnet.items()},
-            "compile_defaults_s": compile_s, "reference_compile_s": REFERENCE_COMPILE_S,
+            "compile_defaults": compile_s, "reference_compile_cpu_s": REFERENCE_COMPILE_CPU_S,
             "targets": rows, "met": met, "of": total, "notes": notes}
   with open(os.path.join(out_dir, "perf.json"), "w", encoding="utf-8") as f:
     json.dump(report, f, indent=2)
