@@ -307,10 +307,16 @@ def test_three_processes_end_together(tmp_path):
   crash_s = max(ended["crash0"], ended["crash2"]) - ended["crash1"]
   assert crash_s < 20, crash_s
 
+  # Usually jax aborts them from C++ first (SIGABRT); on a loaded machine the watchdog can
+  # see the coordinator gone first and end them with status 6. Either way: bounded, not a hang.
   for i in (1, 2):
-    assert clusters["coordinator"][i].returncode == -signal.SIGABRT
-    assert "Terminating process because the JAX distributed service detected fatal errors" in (
-        err(f"coordinator{i}"))
+    code = clusters["coordinator"][i].returncode
+    assert code in (-signal.SIGABRT, 6), (code, err(f"coordinator{i}"))
+    if code == -signal.SIGABRT:
+      assert "Terminating process because the JAX distributed service detected fatal errors" in (
+          err(f"coordinator{i}"))
+    else:
+      assert last(f"coordinator{i}").startswith("error: "), err(f"coordinator{i}")
   assert max(coordinator_s) < 10, coordinator_s
   print(f"frozen peer: others ended after {max(stop_s):.1f} s; crashed peer: "
         f"{crash_s:.1f} s; killed coordinator: {max(coordinator_s):.1f} s")
