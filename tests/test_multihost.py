@@ -317,6 +317,6 @@ def test_three_processes_end_together(tmp_path):
           err(f"coordinator{i}"))
     else:
       assert last(f"coordinator{i}").startswith("error: "), err(f"coordinator{i}")
-  assert max(coordinator_s) < 10, coordinator_s
+  assert max(coordinator_s) < 6 + 20, coordinator_s
   print(f"frozen peer: others ended after {max(stop_s):.1f} s; crashed peer: "
         f"{crash_s:.1f} s; killed coordinator: {max(coordinator_s):.1f} s")
