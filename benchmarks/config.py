@@ -36,6 +36,7 @@ class Common:
   # Data.
   dataset: str = ""
   data_dir: str = ""
+  data_workers: int = 0             # input processes (ImageNet, COCO); 0: threads; same batches
 
 
 def replace(config: Any, overrides: dict[str, Any]) -> Any:
@@ -103,6 +104,9 @@ def validate_common(c: Common) -> None:
   eval_points(c)
   if c.eval_every_samples < 0:
     raise UserError(f"--eval_every_samples must be >= 0 (got {c.eval_every_samples})")
+  if c.data_workers < 0:
+    raise UserError(f"--data_workers={c.data_workers}: the number of input worker processes, "
+                    f">= 0 (0: threads in this process)")
   if c.eval_batch_size < 0:
     raise UserError(f"--eval_batch_size must be >= 0 (got {c.eval_batch_size})")
 

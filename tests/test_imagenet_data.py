@@ -1,12 +1,10 @@
 """ImageNet in the tensorflow-datasets format (ArrayRecord), from a folder the test builds with
 the real `imagenet2012` builder's features and writer, read without TensorFlow."""
 
-import io
 import sys
 
 import numpy as np
 import pytest
-from PIL import Image
 
 from benchmarks import train
 from benchmarks.resnet import data as data_lib
@@ -16,36 +14,9 @@ from tests import helpers
 N_TRAIN, N_EVAL = 70, 23
 
 
-def _jpeg(rng, h, w):
-  b = io.BytesIO()
-  Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(b, format="JPEG")
-  return b.getvalue()
-
-
 @pytest.fixture(scope="module")
 def imagenet_dir(tmp_path_factory):
-  import tensorflow_datasets as tfds
-  root = tmp_path_factory.mktemp("tfds")
-  base = tfds.builder_cls("imagenet2012")
-  rng = np.random.default_rng(0)
-
-  class SmallImagenet(base, skip_registration=True):
-    name = "imagenet2012"
-
-    def _split_generators(self, dl_manager):
-      return {"train": self._examples("train", N_TRAIN), "validation":
-              self._examples("val", N_EVAL)}
-
-    def _examples(self, split, n):
-      for i in range(n):
-        h, w = rng.integers(40, 90, size=2)
-        name = f"{split}_{i}.JPEG"
-        yield name, {"image": io.BytesIO(_jpeg(rng, h, w)), "label": (7 * i) % 1000,
-                     "file_name": name}
-
-  SmallImagenet(data_dir=str(root), file_format="array_record").download_and_prepare(
-      download_config=tfds.download.DownloadConfig(manual_dir=str(root / "manual")))
-  return str(root)
+  return data_lib.write_imagenet(str(tmp_path_factory.mktemp("tfds")), N_TRAIN, N_EVAL)
 
 
 def _cfg(data_dir, **kw):

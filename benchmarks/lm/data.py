@@ -259,3 +259,24 @@ def make(cfg, process_index: int = 0, process_count: int = 1, say=lambda s: None
 
   data = Data(corpus.name, len(rows), len(eval_rows), steps, eval_steps, train, evaluate, NAMES)
   return data, tok
+
+
+# --- a small lm1b in the tensorflow-datasets format (tests, `./run.sh perf`) ------------------
+
+def write_lm1b(data_dir, train: list[str], test: list[str]) -> None:
+  """lm1b prepared under `data_dir` by tensorflow-datasets' own builder (same name, version and
+  features) from these lines instead of the download."""
+  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+
+  class Lm1b(tfds.builder_cls("lm1b"), skip_registration=True):
+    name = "lm1b"
+
+    def _split_generators(self, dl_manager):
+      return {"train": self._lines(train), "test": self._lines(test)}
+
+    def _lines(self, lines):
+      for i, line in enumerate(lines):
+        yield i, {"text": line}
+
+  Lm1b(data_dir=str(data_dir), file_format="array_record").download_and_prepare(
+      download_config=tfds.download.DownloadConfig(manual_dir=str(data_dir)))

@@ -6,6 +6,8 @@ normalized, and `label` int32.
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 from PIL import Image
 
@@ -167,6 +169,14 @@ def center_crop(image: np.ndarray, size: int, crop_fraction: float = 0.875) -> n
   return np.asarray(im.crop((x0, y0, x0 + size, y0 + size)))
 
 
+def _absl_flags_parsed() -> None:
+  """Grain's multiprocessing reads its absl flags, which only `./run.sh <benchmark>` parses:
+  elsewhere (`./run.sh perf`, tests, a notebook) they keep their defaults."""
+  from absl import flags  # pylint: disable=import-outside-toplevel
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
+
+
 def _imagenet(cfg, local_batch, local_eval, pi, pc) -> Data:
   import grain  # pylint: disable=import-outside-toplevel
   prepare = ("`tfds build imagenet2012 --manual_dir=... --file_format=array_record` (needs "
@@ -189,12 +199,22 @@ def _imagenet(cfg, local_batch, local_eval, pi, pc) -> Data:
     return {"image": _normalize(center_crop(ex["image"], size)), "label": np.int32(ex["label"])}
 
   def train(epoch):
+    # Each batch's examples and augmentation draws are fixed by the seed, the epoch and the
+    # index; with --data_workers=N, N processes make whole batches in turn (grain's
+    # mp_prefetch), so the batches are the same whatever N.
     ds = (grain.MapDataset.source(train_src).shuffle(seed=cfg.seed + epoch)[pi::pc]
           .random_map(train_example, seed=cfg.seed * 1000003 + epoch)
-          .batch(local_batch, drop_remainder=True))
-    it = iter(ds.to_iter_dataset(options))
-    for _ in range(steps):
-      yield next(it)
+          .batch(local_batch, drop_remainder=True)).to_iter_dataset(options)
+    if cfg.data_workers:
+      _absl_flags_parsed()   # grain's worker processes read its absl flags
+      ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=cfg.data_workers))
+    it = iter(ds)
+    try:
+      for _ in range(steps):
+        yield next(it)
+    finally:
+      if hasattr(it, "close"):
+        it.close()          # stops the worker processes now, not at garbage collection
 
   def evaluate():
     ds = (grain.MapDataset.source(eval_src)[pi::pc].map(eval_example)
@@ -204,3 +224,47 @@ def _imagenet(cfg, local_batch, local_eval, pi, pc) -> Data:
 
   return Data("imagenet2012", len(train_src), len(eval_src), steps, eval_steps, train, evaluate,
               NAMES)
+
+
+# --- a small ImageNet in the tensorflow-datasets format (tests, `./run.sh perf`) --------------
+
+def random_jpeg(rng: np.random.Generator, h: int, w: int, photo: bool = False) -> bytes:
+  """A JPEG of h x w pixels: uniform noise, or with `photo` a photograph's statistics (smooth
+  color regions plus sensor-like noise: about as large and as slow to decode as an ImageNet
+  JPEG of that size; noise is larger and slower)."""
+  if photo:
+    coarse = Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8))
+    smooth = np.asarray(coarse.resize((int(w), int(h)), Image.BICUBIC), np.float32)
+    pixels = np.clip(smooth + rng.normal(0, 6, smooth.shape), 0, 255).astype(np.uint8)
+  else:
+    pixels = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+  b = io.BytesIO()
+  Image.fromarray(pixels).save(b, format="JPEG", quality=90 if photo else 75)
+  return b.getvalue()
+
+
+def write_imagenet(root: str, num_train: int, num_eval: int, sizes: tuple[int, int] = (40, 90),
+                   seed: int = 0, photo: bool = False) -> str:
+  """Writes `imagenet2012` under `root` as tensorflow-datasets prepares it (ArrayRecord), with
+  the real builder's features and writer, from `random_jpeg`s whose sides are drawn from
+  [sizes[0], sizes[1]) instead of the download; labels (7 * i) % 1000. Returns root."""
+  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(seed)
+
+  class SmallImagenet(tfds.builder_cls("imagenet2012"), skip_registration=True):
+    name = "imagenet2012"
+
+    def _split_generators(self, dl_manager):
+      return {"train": self._examples("train", num_train), "validation":
+              self._examples("val", num_eval)}
+
+    def _examples(self, split, n):
+      for i in range(n):
+        h, w = rng.integers(sizes[0], sizes[1], size=2)
+        name = f"{split}_{i}.JPEG"
+        yield name, {"image": io.BytesIO(random_jpeg(rng, h, w, photo)),
+                     "label": (7 * i) % 1000, "file_name": name}
+
+  SmallImagenet(data_dir=root, file_format="array_record").download_and_prepare(
+      download_config=tfds.download.DownloadConfig(manual_dir=f"{root}/manual"))
+  return root

@@ -1,6 +1,6 @@
 """COCO 2017 detection data for SSD: the standard folder layout, the MLPerf SSD augmentation
 (IoU-constrained random crop, horizontal flip), resize, and box matching against the default
-boxes, on a pool of host threads.
+boxes, on a pool of host threads (or of `--data_workers` processes).
 
 `--data_dir` holds `annotations/instances_{train,val}2017.json`, `train2017/`, `val2017/`.
 Each process reads its own share of the images. As in the MLPerf PyTorch reference, training
@@ -15,6 +15,7 @@ import collections
 import concurrent.futures
 import dataclasses
 import json
+import multiprocessing
 import os
 from typing import Iterator
 
@@ -166,11 +167,28 @@ class Pipeline:
   """Loads, augments and encodes examples; batches on a pool of threads."""
 
   def __init__(self, split: Split, image_size: int, anchors_xywh: np.ndarray, match_iou: float,
-               crop_trials: int, workers: int | None = None):
+               crop_trials: int, workers: int | None = None, processes: int = 0):
     self.split, self.size, self.iou, self.trials = split, image_size, match_iou, crop_trials
     self.anchors_xywh = anchors_xywh
     self.anchors_ltrb = box_lib.xywh_to_ltrb(anchors_xywh)
-    self.pool = concurrent.futures.ThreadPoolExecutor(workers or min(8, os.cpu_count() or 1))
+    self.processes = processes
+    if processes:
+      # Worker processes (spawned: this process runs jax's threads) with their own copy of
+      # the pipeline; the annotation json stays here. Examples depend on their record and rng
+      # only, so the batches are the same as with threads.
+      own = (dataclasses.replace(split, coco={}), image_size, anchors_xywh, match_iou,
+             crop_trials, 1)
+      self.pool = concurrent.futures.ProcessPoolExecutor(
+          processes, mp_context=multiprocessing.get_context("spawn"),
+          initializer=_start_worker, initargs=own)
+    else:
+      self.pool = concurrent.futures.ThreadPoolExecutor(workers or min(8, os.cpu_count() or 1))
+
+  def work(self, method: str, *args):
+    """(function, args) that runs `self.<method>(*args)` on this pipeline's pool."""
+    if self.processes:
+      return (_in_worker, method) + args
+    return (getattr(self, method),) + args
 
   def _open(self, record: dict) -> Image.Image:
     path = os.path.join(self.split.folder, record["file_name"])
@@ -208,6 +226,18 @@ class Pipeline:
       if not pending:
         return
       yield collate([f.result() for f in pending.popleft()])
+
+
+_WORKER: Pipeline | None = None     # a worker process's pipeline
+
+
+def _start_worker(*args) -> None:
+  global _WORKER  # pylint: disable=global-statement
+  _WORKER = Pipeline(*args)
+
+
+def _in_worker(method: str, *args):
+  return getattr(_WORKER, method)(*args)
 
 
 def _collate_train(examples) -> dict:
@@ -265,7 +295,8 @@ def make(cfg, anchors_xywh: np.ndarray, process_index: int = 0, process_count: i
   if steps == 0:
     raise UserError(f"{len(train_images)} training images are fewer than one batch of {g}")
   lb, leb = g // process_count, ge // process_count
-  pipe_train = Pipeline(train, cfg.image_size, anchors_xywh, cfg.match_iou, cfg.crop_trials)
+  pipe_train = Pipeline(train, cfg.image_size, anchors_xywh, cfg.match_iou, cfg.crop_trials,
+                        processes=cfg.data_workers)
   pipe_eval = Pipeline(val, cfg.image_size, anchors_xywh, cfg.match_iou, cfg.crop_trials)
   eval_steps = num_steps(len(val.images), ge)
   eval_example = _collate_eval([pipe_eval.eval_example(val.images[0])])   # shapes for padding
@@ -273,8 +304,9 @@ def make(cfg, anchors_xywh: np.ndarray, process_index: int = 0, process_count: i
   def train_batches(epoch: int):
     order = np.random.default_rng([cfg.seed, epoch]).permutation(len(train_images))
     order = order[:steps * g].reshape(steps, g)[:, process_index * lb:(process_index + 1) * lb]
-    jobs = ([(pipe_train.train_example, train_images[i],
-              np.random.default_rng([cfg.seed, epoch, int(i)])) for i in row] for row in order)
+    jobs = ([pipe_train.work("train_example", train_images[i],
+                             np.random.default_rng([cfg.seed, epoch, int(i)])) for i in row]
+            for row in order)
     return pipe_train.batches(jobs, _collate_train)
 
   def eval_batches():

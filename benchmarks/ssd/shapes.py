@@ -24,21 +24,23 @@ CATEGORIES = ({"id": 1, "name": "circle"}, {"id": 3, "name": "square"},
 WIDTH, HEIGHT = 160, 128
 
 
-def _background(rng) -> Image.Image:
+def _background(rng, width: int, height: int) -> Image.Image:
   """A two-color gradient at a random angle with pixel noise."""
-  y, x = np.mgrid[0:HEIGHT, 0:WIDTH] / max(WIDTH, HEIGHT)
+  y, x = np.mgrid[0:height, 0:width] / max(width, height)
   angle = rng.uniform(0, 2 * np.pi)
   t = (np.cos(angle) * x + np.sin(angle) * y)[..., None]
   c0, c1 = rng.uniform(0, 255, (2, 3))
-  img = c0 * (1 - t) + c1 * t + rng.normal(0, 12, (HEIGHT, WIDTH, 3))
+  img = c0 * (1 - t) + c1 * t + rng.normal(0, 12, (height, width, 3))
   return Image.fromarray(np.clip(img, 0, 255).astype(np.uint8))
 
 
 def _draw(rng, image: Image.Image, category: int):
-  """Draws one shape; returns its mask (bool (H, W))."""
-  size = int(rng.uniform(14, 64))
-  x0, y0 = int(rng.integers(-size // 4, WIDTH - size * 3 // 4)), \
-      int(rng.integers(-size // 4, HEIGHT - size * 3 // 4))
+  """Draws one shape (sized for a 160x128 image, scaled with the image); returns its mask
+  (bool (H, W))."""
+  width, height = image.size
+  size = int(rng.uniform(14, 64) * min(width / WIDTH, height / HEIGHT))
+  x0, y0 = int(rng.integers(-size // 4, width - size * 3 // 4)), \
+      int(rng.integers(-size // 4, height - size * 3 // 4))
   w = size if category != 3 else int(size * rng.uniform(0.7, 1.3))
   mask = Image.new("L", image.size, 0)
   d = ImageDraw.Draw(mask)
@@ -53,11 +55,11 @@ def _draw(rng, image: Image.Image, category: int):
   return np.asarray(mask) > 127
 
 
-def _split(rng, n: int, folder: str, first_id: int) -> dict:
+def _split(rng, n: int, folder: str, first_id: int, width: int, height: int) -> dict:
   images, annotations = [], []
   for i in range(n):
     image_id = first_id + i
-    img = _background(rng)
+    img = _background(rng, width, height)
     masks, cats = [], []
     for _ in range(int(rng.integers(1, 5))):
       cat = int(rng.choice([c["id"] for c in CATEGORIES]))
@@ -66,7 +68,7 @@ def _split(rng, n: int, folder: str, first_id: int) -> dict:
       cats.append(cat)
     name = f"{image_id:012d}.jpg"
     img.save(os.path.join(folder, name), quality=92)
-    images.append({"id": image_id, "file_name": name, "width": WIDTH, "height": HEIGHT})
+    images.append({"id": image_id, "file_name": name, "width": width, "height": height})
     for m, cat in zip(masks, cats):
       ys, xs = np.nonzero(m)
       if len(xs) < 20:          # hidden or clipped away
@@ -79,9 +81,11 @@ def _split(rng, n: int, folder: str, first_id: int) -> dict:
   return {"images": images, "annotations": annotations, "categories": list(CATEGORIES)}
 
 
-def ensure(root: str, num_train: int, num_val: int, seed: int = 2017) -> str:
+def ensure(root: str, num_train: int, num_val: int, seed: int = 2017,
+           size: tuple[int, int] = (WIDTH, HEIGHT)) -> str:
   """Writes the dataset under `root` unless it is there; returns root. Atomic: a half-written
-  dataset is never left under `root`."""
+  dataset is never left under `root`. `size`: (width, height) of every image (COCO's are about
+  640x480; shapes scale with it)."""
   if os.path.exists(os.path.join(root, "annotations", "instances_val2017.json")):
     return root
   if os.path.isdir(root) and os.listdir(root):
@@ -95,7 +99,7 @@ def ensure(root: str, num_train: int, num_val: int, seed: int = 2017) -> str:
     os.makedirs(os.path.join(tmp, "annotations"))
     for split, n, first in (("train2017", num_train, 1), ("val2017", num_val, 10**6)):
       os.makedirs(os.path.join(tmp, split))
-      coco = _split(rng, n, os.path.join(tmp, split), first)
+      coco = _split(rng, n, os.path.join(tmp, split), first, *size)
       with open(os.path.join(tmp, "annotations", f"instances_{split}.json"), "w") as f:
         json.dump(coco, f)
     try:

@@ -260,3 +260,27 @@ def make(cfg, process_index: int = 0, process_count: int = 1, say=lambda s: None
   data = Data(corpus.name, len(src), len(eval_ids), steps, eval_steps, train, evaluate, NAMES)
   return data, corpus.eval_target, tok
 
+
+
+# --- a small WMT14 in the tensorflow-datasets format (tests, `./run.sh perf`) -----------------
+
+def write_wmt14(data_dir, train: tuple[list[str], list[str]], test: tuple[list[str], list[str]]
+                ) -> None:
+  """wmt14_translate/de-en prepared under `data_dir` by tensorflow-datasets' own builder
+  (ArrayRecord) from these (English, German) sentence lists instead of the download."""
+  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+  import tensorflow_datasets.translate  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+
+  class Wmt14(tfds.builder_cls("wmt14_translate"), skip_registration=True):
+    name = "wmt14_translate"
+
+    def _split_generators(self, dl_manager):
+      return {"train": self._pairs(train), "test": self._pairs(test)}
+
+    def _pairs(self, pairs):
+      for i, (en, de) in enumerate(zip(*pairs)):
+        yield i, {"en": en, "de": de}
+
+  builder = Wmt14(config="de-en", data_dir=str(data_dir), file_format="array_record")
+  builder.download_and_prepare(
+      download_config=tfds.download.DownloadConfig(manual_dir=str(data_dir)))

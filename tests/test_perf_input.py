@@ -1,0 +1,90 @@
+"""`benchmarks.perf_input` (issue 13, target 3): the input pipelines timed on datasets in their
+real formats, and batches that do not depend on the number of worker processes. Speed is never
+asserted: the structures and the rows are."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from benchmarks import config as config_lib
+from benchmarks import perf_input
+from benchmarks.resnet import data as resnet_data
+from benchmarks.resnet.config import PRESETS as RESNET
+from benchmarks.ssd import data as ssd_data
+from benchmarks.ssd import shapes, suite
+from benchmarks.ssd.config import PRESETS as SSD
+from mesh.errors import UserError
+
+
+def _check(result, names, workers, steps):
+  assert list(result["benchmarks"]) == list(names)
+  for name, b in result["benchmarks"].items():
+    assert b["format"] and (b["step"] is None) == (not steps)
+    expected = workers if name in ("resnet", "ssd") else (0,)
+    assert [p["workers"] for p in b["pipelines"]] == list(expected)
+    for p in b["pipelines"]:
+      assert p["cpu_default"] and p["examples"] > 0 and p["batch"] == 8
+      # Timings (a difference of two runs: on a tiny, noisy run it may be <= 0, then None).
+      assert {"wall_s", "cpu_s", "start_s", "examples_per_s", "cpu_s_per_example",
+              "examples_per_core_s", "cores_busy"} <= set(p)
+  rows = perf_input.rows(result)
+  assert len(rows) == len(names)
+  assert {tuple(sorted(r)) for r in rows} == {("detail", "goal", "met", "target", "value",
+                                               "what")}
+  assert all(r["target"] == "3" and isinstance(r["met"], bool) for r in rows)
+  table = perf_input.markdown(result)
+  n = sum(len(b["pipelines"]) for b in result["benchmarks"].values())
+  assert len([line for line in table if line.startswith("| ")]) == n + 1   # header + rows
+  return rows
+
+
+def test_measure_every_pipeline_and_a_step(tmp_path):
+  result = perf_input.measure(lambda m: None, (0, 1), perf_input.Settings.tiny(),
+                              tmp_dir=str(tmp_path))
+  rows = _check(result, perf_input.NAMES, (0, 1), 0)
+  assert all(not r["met"] and r["value"] == "step not measured" for r in rows)
+  # The step's path, on the cheapest benchmark.
+  result = perf_input.measure(lambda m: None, (0,), perf_input.Settings.tiny(steps=1),
+                              names=("lm",), tmp_dir=str(tmp_path))
+  (row,) = _check(result, ("lm",), (0,), 1)
+  step = result["benchmarks"]["lm"]["step"]
+  assert step["global_batch"] == 8 and step["ms_per_step"] > 0
+  assert row["value"].endswith("x") or "too fast" in row["value"]
+  assert list(tmp_path.iterdir()) == []         # the datasets are removed
+
+
+def _batches(data, epoch):
+  return list(data.train(epoch))
+
+
+def _same(a, b):
+  assert len(a) == len(b) > 0
+  for x, y in zip(a, b):
+    assert x.keys() == y.keys()
+    for k in x:
+      np.testing.assert_array_equal(x[k], y[k])
+
+
+def test_imagenet_batches_are_the_same_with_0_and_2_worker_processes(tmp_path):
+  root = resnet_data.write_imagenet(str(tmp_path), 40, 4)
+  cfg = dataclasses.replace(RESNET["cpu"], dataset="imagenet", data_dir=root,
+                            global_batch_size=8, eval_batch_size=8)
+  for epoch in (0, 1):
+    _same(_batches(resnet_data.make(cfg), epoch),
+          _batches(resnet_data.make(dataclasses.replace(cfg, data_workers=2)), epoch))
+
+
+def test_ssd_batches_are_the_same_with_threads_and_2_worker_processes(tmp_path):
+  root = shapes.ensure(str(tmp_path / "coco"), 16, 2)
+  cfg = dataclasses.replace(SSD["cpu"], dataset="coco", data_dir=root, global_batch_size=8,
+                            eval_batch_size=8)
+  anchors = suite.anchors(cfg)
+  threads = ssd_data.make(cfg, anchors)[0]
+  processes = ssd_data.make(dataclasses.replace(cfg, data_workers=2), anchors)[0]
+  _same(_batches(threads, 0), _batches(processes, 0))
+
+
+def test_negative_data_workers_is_bad_input():
+  with pytest.raises(UserError, match=r"--data_workers=-1: .*>= 0"):
+    config_lib.validate_common(dataclasses.replace(RESNET["cpu"], data_workers=-1))
