@@ -16,7 +16,8 @@ For each benchmark a small dataset is written in its real format in a temporary 
 
 and the benchmark's own `Data.train(epoch)` iterator (the code the training loop runs, made by
 the benchmark's data `make` from a Config: the CPU default's, the dataset replaced) is timed:
-`warmup` batches untimed, then `batches` batches. Reported: examples/s, and CPU seconds per
+one run from the iterator's start to its `warmup + batches`-th batch, start-up included (so
+the rates are conservative: see `time_pipeline`). Reported: examples/s, and CPU seconds per
 example counting every process that works for the pipeline (this one, all its threads, and its
 worker processes) -> examples/s per core, for sizing a GPU host or a TPU VM. With
 `--data_workers=N` (resnet: grain's `mp_prefetch`; ssd: a process pool) N processes make the
@@ -57,8 +58,8 @@ FORMATS = {
 @dataclasses.dataclass(frozen=True)
 class Settings:
   """How much to write and time. `tiny`: seconds, for tests (small images, small batches)."""
-  batches: int = 4               # timed batches per pipeline (images; text: the epoch)
-  warmup: int = 1                # untimed batches first (worker start-up, first reads)
+  batches: int = 5               # with warmup: batches per image pipeline (text: the epoch)
+  warmup: int = 1                # the start-up's batch (timed too)
   steps: int = 5                 # timed train steps (0: no step compiled, no ratio)
   imagenet_sides: tuple[int, int] = (300, 450)
   coco_size: tuple[int, int] = (640, 480)
@@ -68,7 +69,7 @@ class Settings:
 
   @staticmethod
   def tiny(**kw) -> "Settings":
-    base = dict(batches=2, warmup=1, steps=0, imagenet_sides=(48, 72), coco_size=(160, 128),
+    base = dict(batches=1, warmup=1, steps=0, imagenet_sides=(48, 72), coco_size=(160, 128),
                 real_sizes=False, batch=8, pairs=600)
     base.update(kw)
     return Settings(**base)
@@ -95,42 +96,32 @@ def _examples(batch: dict) -> int:
   return len(next(iter(batch.values())))
 
 
-def _run(data, n: int) -> tuple[float, float, int]:
-  """Wall and CPU seconds from calling `data.train(0)` until its n-th batch is here, and the
-  examples in those batches. The workers it started are stopped after."""
+def time_pipeline(make: Callable[[], Any], warmup: int, batches: int | None
+                  ) -> dict[str, float]:
+  """One run of `make()`'s training iterator, from calling `train(0)` to its
+  `warmup + batches`-th batch (`batches` None: the whole epoch): wall and CPU seconds, and the
+  rates they give. Start-up (spawning worker processes, first reads) is inside: the rates are
+  conservative, the more so the shorter the run; `start_s` is the time to the first batch.
+  (A warmup on the same iterator and then a timed stretch would count as free the batches its
+  prefetch made during the warmup: grain's 16 threads make 16 batches at once. The difference
+  of two runs of different lengths fails for the same reason.) `warmup` only sets the length."""
+  data = make()
+  n_batches = data.steps_per_epoch if batches is None else warmup + batches
+  if data.steps_per_epoch < n_batches:
+    raise ValueError(f"{data.name}: {data.steps_per_epoch} batches per epoch, fewer than "
+                     f"{n_batches}")
   c0, w0 = _cpu_now(), time.perf_counter()
   gen = data.train(0)
   try:
-    examples = sum(_examples(next(gen)) for _ in range(n))
-    return time.perf_counter() - w0, _cpu_now() - c0, examples
+    n = _examples(next(gen))
+    start = time.perf_counter() - w0
+    n += sum(_examples(next(gen)) for _ in range(n_batches - 1))
+    wall, cpu = time.perf_counter() - w0, _cpu_now() - c0
   finally:
-    gen.close()
-
-
-def time_pipeline(make: Callable[[], Any], warmup: int, batches: int | None
-                  ) -> dict[str, float]:
-  """The steady rate of `make()`'s training iterator: a fresh one run to its `warmup`-th batch,
-  another to its `warmup + batches`-th; the difference of their wall and CPU times is what the
-  last `batches` batches cost. (Timing batches after a warmup on one iterator would count the
-  batches that its prefetch buffers made during the warmup as free: grain prefetches up to
-  4 x batch elements, a whole epoch of this small dataset.) Start-up (worker processes, first
-  reads) is the first run's time. `batches` None: the rest of the epoch."""
-  first = make()
-  if batches is None:
-    batches = first.steps_per_epoch - warmup
-  if first.steps_per_epoch < warmup + batches:
-    raise ValueError(f"{first.name}: {first.steps_per_epoch} batches per epoch, fewer than "
-                     f"{warmup} + {batches}")
-  w_a, c_a, n_a = _run(first, warmup)
-  del first
-  w_b, c_b, n_b = _run(make(), warmup + batches)
-  n, wall, cpu = n_b - n_a, w_b - w_a, c_b - c_a
-  ok = wall > 0 and cpu > 0          # else too short to time: raise `batches`
-  return {"examples": n, "wall_s": wall, "cpu_s": cpu, "start_s": w_a,
-          "examples_per_s": n / wall if ok else None,
-          "cpu_s_per_example": cpu / n if ok else None,
-          "examples_per_core_s": n / cpu if ok else None,
-          "cores_busy": cpu / wall if ok else None}
+    gen.close()             # stops its worker processes
+  return {"examples": n, "batches": n_batches, "wall_s": wall, "cpu_s": cpu, "start_s": start,
+          "examples_per_s": n / wall, "cpu_s_per_example": cpu / n,
+          "examples_per_core_s": n / cpu if cpu > 0 else None, "cores_busy": cpu / wall}
 
 
 # --- datasets in their real formats --------------------------------------------------------------
@@ -352,9 +343,10 @@ def markdown(result: dict) -> list[str]:
   env = result["env"]
   lines = [f"Input pipelines ({env['when']}, {env['cpu_count']} cores, load average "
            f"{env['load_average']} -> {env.get('load_average_end')}): "
-           f"{result['settings']['batches']} batches after {result['settings']['warmup']} "
-           f"(the difference of two fresh runs, so start-up and prefetch buffers do not count); "
-           f"CPU time counts this process and its worker processes; ratio: "
+           f"one run of {result['settings']['warmup'] + result['settings']['batches']} batches "
+           f"per image pipeline (a whole epoch for text), start-up included (conservative: "
+           f"spawning workers takes seconds); CPU time counts this process and its worker "
+           f"processes; ratio: "
            f"pipeline ex/s at the CPU default's settings (0 workers) / the CPU default's step.",
            "",
            "| benchmark | format | pipeline ex/s | CPU s/example | ex/s per core | workers | "
