@@ -13,7 +13,7 @@ from benchmarks.common import grammar
 from benchmarks.common import transformer as common_transformer
 from benchmarks.common.tokenizer import EOS
 from benchmarks.transformer import bleu, suite
-from benchmarks.transformer.beam import length_penalty
+from benchmarks.transformer.beam import length_penalty, top_k
 from benchmarks.transformer.config import PRESETS
 from benchmarks.transformer.model import Transformer
 
@@ -122,3 +122,21 @@ def test_label_smoothing_loss_matches_its_definition():
       soft[real:] = 0
       soft[int(targets[b, t])] = 1 - s
       assert float(got[b, t]) == pytest.approx(-float(np.dot(soft, logp[b, t])), rel=1e-5)
+
+
+def test_beam_top_k_equals_lax_top_k_with_ties():
+  """`beam.top_k` (rounds of max, which the partitioner splits by batch) returns exactly
+  `lax.top_k`'s values and indices: ties (lower index first), the NEG of masked candidates and
+  -inf included."""
+  rng = np.random.default_rng(0)
+  with jax.enable_x64(True):
+    for trial in range(12):
+      shape = (3, int(rng.integers(2, 40)))
+      x = rng.integers(-4, 4, shape) / 4.0 if trial % 2 else rng.normal(size=shape)
+      x = np.where(rng.uniform(size=shape) < 0.3, -1e9, x) if trial % 3 == 0 else x
+      x = np.where(rng.uniform(size=shape) < 0.2, -np.inf, x) if trial % 4 == 0 else x
+      for dtype in (np.float32, np.float64):
+        for k in (1, min(8, shape[1]), shape[1]):
+          got, want = top_k(jnp.asarray(x, dtype), k), jax.lax.top_k(jnp.asarray(x, dtype), k)
+          np.testing.assert_array_equal(got[0], want[0])
+          np.testing.assert_array_equal(got[1], want[1])

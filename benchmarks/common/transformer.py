@@ -24,6 +24,7 @@ from mesh import constrain
 
 EMB = ("batch", "length", "embed")
 HEADS = ("batch", "length", "heads", "d_kv")
+CACHE = ("batch", "heads", "d_kv", "length")     # decoding caches (Attention._cached)
 NEG = -1e9
 
 
@@ -55,6 +56,11 @@ class LayerNorm(nn.Module):
     return ((xf - mean) * jax.lax.rsqrt(var + self.epsilon) * scale + bias).astype(self.dtype)
 
 
+def _to_cache(t):
+  """(batch, length, heads, d_kv) -> the decoding caches' (batch, heads, d_kv, length)."""
+  return constrain(jnp.transpose(t, (0, 2, 3, 1)), CACHE)
+
+
 class Attention(nn.Module):
   """Multi-head attention. `bias` is added to the logits (0 allowed, NEG masked)."""
   num_heads: int
@@ -76,29 +82,49 @@ class Attention(nn.Module):
                   for n in ("query", "key", "value"))
     wo = self.param("out", named_init(out_init, ("heads", "d_kv", "embed")),
                     (self.num_heads, self.d_kv, d), f)
-    proj = lambda t, w: constrain(jnp.einsum("bld,dhk->blhk", t.astype(dt), w.astype(dt)), HEADS)
+
+    def proj(t, w):
+      return constrain(jnp.einsum("bld,dhk->blhk", t.astype(dt), w.astype(dt)), HEADS)
+
     q = proj(x, wq) * (self.d_kv ** -0.5)
-    if cache == "cross" and self.has_variable("cache", "key"):
-      k, v = self.get_variable("cache", "key"), self.get_variable("cache", "value")
-    else:
+    if not cache:
       k, v = proj(kv, wk), proj(kv, wv)
-    if cache == "cross":
-      self.put_variable("cache", "key", k)
-      self.put_variable("cache", "value", v)
-    elif cache == "self":
-      length = bias.shape[-1]
-      ck = self.variable("cache", "key", jnp.zeros, (k.shape[0], length) + k.shape[2:], k.dtype)
-      cv = self.variable("cache", "value", jnp.zeros, ck.value.shape, k.dtype)
-      at = tuple(jnp.asarray(i, jnp.int32) for i in (0, step, 0, 0))
-      ck.value = jax.lax.dynamic_update_slice(ck.value, k, at)
-      cv.value = jax.lax.dynamic_update_slice(cv.value, v, at)
-      k, v = constrain(ck.value, HEADS), constrain(cv.value, HEADS)
-    logits = jnp.einsum("bqhk,bshk->bhqs", q, k).astype(f) + bias
+      logits = jnp.einsum("bqhk,bshk->bhqs", q, k)
+    else:
+      # Cached keys and values are kept as (batch, heads, d_kv, length), the layout the decoding
+      # step's two dots read: kept as (batch, length, heads, d_kv), each step transposed every
+      # layer's whole caches (the cross-attention ones, which never change, included).
+      k, v = self._cached(kv, proj, wk, wv, bias.shape[-1], cache, step)
+      logits = jnp.einsum("bqhk,bhks->bhqs", q, k)
+    logits = logits.astype(f) + bias
     logits = constrain(logits, ("batch", "heads", "length", None))
     w = jax.nn.softmax(logits).astype(dt)
     w = nn.Dropout(self.dropout)(w, deterministic=not train)
-    o = constrain(jnp.einsum("bhqs,bshk->bqhk", w, v), HEADS)
+    if not cache:
+      o = constrain(jnp.einsum("bhqs,bshk->bqhk", w, v), HEADS)
+    else:
+      o = constrain(jnp.einsum("bhqs,bhks->bqhk", w, v), HEADS)
     return constrain(jnp.einsum("bqhk,hkd->bqd", o, wo.astype(dt)), EMB)
+
+  def _cached(self, kv, proj, wk, wv, length: int, cache: str, step):
+    """Keys and values (batch, heads, d_kv, length) from the 'cache' collection: 'cross'
+    computes them from `kv` on the call that creates the cache, 'self' writes this step's at
+    `step`."""
+    if cache == "cross":
+      if self.has_variable("cache", "key"):
+        k, v = self.get_variable("cache", "key"), self.get_variable("cache", "value")
+      else:
+        k, v = _to_cache(proj(kv, wk)), _to_cache(proj(kv, wv))
+      self.put_variable("cache", "key", k)
+      self.put_variable("cache", "value", v)
+      return k, v
+    k, v = _to_cache(proj(kv, wk)), _to_cache(proj(kv, wv))            # (batch, heads, d_kv, 1)
+    ck = self.variable("cache", "key", jnp.zeros, k.shape[:3] + (length,), k.dtype)
+    cv = self.variable("cache", "value", jnp.zeros, ck.value.shape, k.dtype)
+    at = tuple(jnp.asarray(i, jnp.int32) for i in (0, 0, 0, step))
+    ck.value = jax.lax.dynamic_update_slice(ck.value, k, at)
+    cv.value = jax.lax.dynamic_update_slice(cv.value, v, at)
+    return constrain(ck.value, CACHE), constrain(cv.value, CACHE)
 
 
 class FeedForward(nn.Module):
@@ -167,7 +193,10 @@ class SelfAttentionBlock(nn.Module):
   @nn.compact
   def __call__(self, x, bias, train: bool):
     c = self.cfg
-    drop = lambda t: nn.Dropout(c.dropout)(t, deterministic=not train)
+
+    def drop(t):
+      return nn.Dropout(c.dropout)(t, deterministic=not train)
+
     y = LayerNorm(c.dtype)(x)
     x = x + drop(Attention(c.num_heads, c.d_kv, c.attention_dropout, c.dtype)(y, y, bias, train))
     y = LayerNorm(c.dtype)(x)

@@ -21,6 +21,25 @@ def length_penalty(length, alpha: float):
   return ((5.0 + length) / 6.0) ** alpha
 
 
+def top_k(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+  """`jax.lax.top_k` along the last axis (values descending, equal values by lower index first)
+  as k rounds of max and first-index-of-max. `lax.top_k` has no sharding rule in jax 0.10's
+  partitioner: it all-gathered every example's candidates to every device at every decoding step
+  and each device ranked the whole batch; reductions along the last axis stay split by batch.
+  For the small k of a beam it is also cheaper than a sort of each row."""
+  n = x.shape[-1]
+  index = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+  taken = jnp.zeros(x.shape, bool)
+  values, indices = [], []
+  for _ in range(k):
+    best = jnp.max(jnp.where(taken, -jnp.inf, x), -1, keepdims=True)
+    first = jnp.min(jnp.where((x == best) & ~taken, index, n), -1, keepdims=True)
+    taken = taken | (index == first)
+    values.append(best)
+    indices.append(first)
+  return jnp.concatenate(values, -1), jnp.concatenate(indices, -1)
+
+
 def _gather(x: jax.Array, idx: jax.Array) -> jax.Array:
   """x (B, K, ...) -> x[b, idx[b, j]] for idx (B, J)."""
   return jax.vmap(lambda xb, ib: xb[ib])(x, idx)
@@ -33,8 +52,13 @@ def beam_search(step_fn: Callable[..., tuple[jax.Array, Any]], cache: Any, batch
   example. Leaves of `cache` have a leading B*K dimension (example-major). `valid` (B,) marks
   real examples: padding rows of an eval batch do not hold up the early stop."""
   B, K = batch, beam
-  flat = lambda x: x.reshape((B * K,) + x.shape[2:])
-  unflat = lambda x: x.reshape((B, K) + x.shape[1:])
+
+  def flat(x):
+    return x.reshape((B * K,) + x.shape[2:])
+
+  def unflat(x):
+    return x.reshape((B, K) + x.shape[1:])
+
   state = {
       "step": jnp.array(0, jnp.int32),
       "alive_seq": jnp.full((B, K, max_len), pad, jnp.int32),
@@ -63,7 +87,7 @@ def beam_search(step_fn: Callable[..., tuple[jax.Array, Any]], cache: Any, batch
     logp = logp.at[:, pad].set(NEG)                                  # never emit padding
     V = logp.shape[-1]
     cand = (s["alive_logp"][..., None] + unflat(logp)).reshape(B, K * V)
-    top_logp, top_idx = jax.lax.top_k(cand, 2 * K)                  # (B, 2K)
+    top_logp, top_idx = top_k(cand, 2 * K)                          # (B, 2K)
     parent, token = top_idx // V, top_idx % V
     seqs = _gather(s["alive_seq"], parent)
     seqs = jax.lax.dynamic_update_index_in_dim(seqs, token, i, 2)
@@ -73,10 +97,10 @@ def beam_search(step_fn: Callable[..., tuple[jax.Array, Any]], cache: Any, batch
                         NEG)
     all_score = jnp.concatenate([s["fin_score"], new_fin], 1)
     all_seq = jnp.concatenate([s["fin_seq"], seqs], 1)
-    fin_score, fin_idx = jax.lax.top_k(all_score, K)
+    fin_score, fin_idx = top_k(all_score, K)
     fin_seq = _gather(all_seq, fin_idx)
     # Alive: the K best candidates that did not end.
-    alive_logp, alive_idx = jax.lax.top_k(jnp.where(ended, NEG, top_logp), K)
+    alive_logp, alive_idx = top_k(jnp.where(ended, NEG, top_logp), K)
     alive_seq = _gather(seqs, alive_idx)
     # Reorder the cache within each example (a batched gather: no data crosses the devices
     # that split the batch; flat indexing would all-gather the whole cache every step).

@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import optax
+from flax.traverse_util import flatten_dict, unflatten_dict
 
 from benchmarks.common.layers import compute_dtype
 from benchmarks.common.tokenizer import EOS
@@ -60,12 +61,26 @@ def translate(model: Transformer, params, inputs, beam: int, max_len: int, alpha
   seg = jnp.repeat((inputs > 0).astype(jnp.int32), beam, axis=0)
 
 
-  def step(tokens, cache, i):   # cache: {} on the call that creates it, else {"cache": ...}
+  def apply(tokens, cache, i):   # cache: {} on the call that creates it, else {"cache": ...}
     return model.apply({"params": params, **cache}, enc, seg, tokens, i, max_len,
                        mutable=["cache"], method=Transformer.decode_step)
 
-  _, cache = step(jnp.zeros((b * beam, 1), jnp.int32), {}, 0)
-  seqs, _ = beam_search(step, cache, b, beam, max_len, alpha, EOS,
+  _, cache = apply(jnp.zeros((b * beam, 1), jnp.int32), {}, 0)
+  # The cross-attention keys and values of the encoder output are the same for every beam of an
+  # example and never change: they stay out of the beam-search state, which reorders its cache
+  # every step (that gather copied them whole each step, for nothing).
+  cross = {k: v for k, v in flatten_dict(cache["cache"]).items() if "cross" in k[:-1]}
+
+  def own(c):
+    return unflatten_dict({k: v for k, v in flatten_dict(c["cache"]).items()
+                           if "cross" not in k[:-1]})
+
+  def step(tokens, self_cache, i):
+    logits, new = apply(tokens, {"cache": unflatten_dict({**flatten_dict(self_cache), **cross})},
+                        i)
+    return logits, own(new)
+
+  seqs, _ = beam_search(step, own(cache), b, beam, max_len, alpha, EOS,
                         valid=jnp.any(inputs > 0, axis=-1))
   return seqs
 
