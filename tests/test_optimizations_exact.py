@@ -59,8 +59,11 @@ def test_exact_against_single_device(x64, opts, mesh, layout, base):
   assert losses[1] != losses[0]
   np.testing.assert_allclose(losses, base_losses, rtol=1e-11)
   # Adam divides by sqrt(nu) + 1e-9: for a gradient element near 1e-9 a reassociation error
-  # of 1e-16 becomes ~1e-8 of the update, so Adam's parameters get an absolute tolerance of
-  # 1e-5 of its learning rate (1e-2); a real error moves them by the order of the rate.
-  atol = 1e-7 if base == "adam" else 1e-11
+  # of 1e-16 becomes ~1e-8 of the update. Batch norm's one-pass variance (E[x^2] - E[x]^2, as
+  # flax's) scales the statistics' rounding by E[x^2] / Var: measured 6.9e-7 on 1 of 9,216
+  # elements (weight-update sharding, 8 devices). So Adam's parameters get an absolute
+  # tolerance of 1e-4 of its learning rate (1e-2); a real error moves them by the order of the
+  # rate, and the losses above still agree to 1e-11.
+  atol = 1e-6 if base == "adam" else 1e-11
   for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(base_params)):
     np.testing.assert_allclose(a, b, rtol=1e-8, atol=atol)
