@@ -6,7 +6,7 @@
 #   ./run.sh ablate <benchmark> [--flags]     each optimization on/off, side by side
 #   ./run.sh install tpu|cuda12|cuda13        the JAX wheels of an accelerator (CPU-only until then)
 #   ./run.sh scale <benchmark>|all [--chips=16,64]  Google's v0.6 TPU-v3 minutes, predicted beside published
-#   ./run.sh perf [--quick] [--flags]         meshperf's ResNet step against a hand-written one (runs/perf/)
+#   ./run.sh perf [--quick] [--flags]         step, loop, input, eval, scaling and compile speed (runs/perf/)
 # On first use it creates .venv and installs the project (pinned versions) into it.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -51,13 +51,13 @@ verb="${1:-}"
 case "$verb" in
   "")
     echo "error: ./run.sh needs a verb: a benchmark (resnet, transformer, ssd, lm), test, check," \
-      "ablate, scale or install; ./run.sh --help shows how each is used" >&2
+      "ablate, scale, perf or install; ./run.sh --help shows how each is used" >&2
     exit 2 ;;
   -h|--help|help)
     usage; exit 0 ;;
   -*)
     echo "error: ./run.sh $verb: the first word is a verb (a benchmark, test, check, ablate," \
-      "scale or install), then its flags; ./run.sh --help shows how each is used" >&2
+      "scale, perf or install), then its flags; ./run.sh --help shows how each is used" >&2
     exit 2 ;;
   test)
     shift; bootstrap

@@ -1,24 +1,28 @@
-"""`./run.sh perf`: meshperf's compiled ResNet training step against a plain hand-written one.
+"""`./run.sh perf`: issue 13's performance targets, measured side by side in one run.
 
-Issue 13's performance targets, measured side by side in one run:
-
-  1. meshperf's compiled ResNet step (`benchmarks.step`, `--optimizations=none`, data-parallel)
-     against the hand-written baseline of `benchmarks.perf_baseline` (Flax ResNet with
-     cross-replica batch norm, `jax.pmap`, `lax.pmean` of the gradients, optax SGD): same
-     model (parameter counts asserted equal), batch, devices and FLOPs (XLA's cost analysis of
-     both compiled programs, within 1%). Target: ratio <= 1.00, on every device count.
-  2. a step through the harness against the bare compiled step: not measured yet.
-  4. N devices against 1 device at the same global batch: ResNet's measured here (meshperf's
-     step); the other benchmarks not measured yet.
+  1. meshperf's compiled ResNet training step (`benchmarks.step`, `--optimizations=none`,
+     data-parallel) against the hand-written baseline of `benchmarks.perf_baseline` (Flax
+     ResNet with cross-replica batch norm, `jax.pmap`, `lax.pmean` of the gradients, optax
+     SGD): same model (parameter counts asserted equal), batch, devices and FLOPs (XLA's cost
+     analysis of both compiled programs, within 1%). Target: ratio <= 1.00, on every device
+     count.
+  2. a step through the harness (`benchmarks.train`'s loop) against the bare compiled step of
+     the same program, each benchmark's CPU default (`benchmarks.perf_loop`): <= 1.02.
+  3. each input pipeline on its real format against the CPU default's step, and examples/s
+     per core (`benchmarks.perf_input`): >= 3x.
+  4. all devices against 1 at the same global batch: ResNet-50 (target 1's programs) and each
+     CPU default (`benchmarks.perf_loop`), against references.
+  5. seconds per evaluation of each CPU default, split into device, host and data
+     (`benchmarks.perf_eval`).
   6. compile time of each CPU default's steps (train and eval, as `--compile_only` compiles
      them), in CPU seconds against REFERENCE_COMPILE_CPU_S: met when none grew by more than
      COMPILE_SLACK.
 
-The machine may be noisy: the two steps alternate (A B, then B A, ...) for `--rounds` rounds of
-`--steps` steps each, after warmup steps; the report gives each step's median ms/step and the
-median of the per-round ratios (each round's two timings are adjacent in time, so slow drift in
-the machine's load cancels). Writes perf.json and perf.md under --output_dir (default
-runs/perf/<timestamp>), prints the table, and ends with `perf: N of M targets met`.
+The machine may be noisy: what is compared takes turns (A B, then B A, ...) for `--rounds`
+rounds after warmup steps; the report gives medians and the median of the per-round ratios
+(each round's timings are adjacent in time, so slow drift in the machine's load cancels).
+Writes perf.json and perf.md under --output_dir (default runs/perf/<timestamp>), prints the
+table, and ends with `perf: N of M targets met`.
 
 Runs unchanged on a GPU host: with a CUDA plugin installed (`./run.sh install cuda12`) it uses
 the real devices, else it simulates `--num_cpu_devices` (default 8) CPU devices.
@@ -46,6 +50,23 @@ from typing import Any
 REFERENCE_COMPILE_CPU_S = {"resnet": 13.0, "transformer": 9.9, "ssd": 13.4, "lm": 4.7}
 COMPILE_SLACK = 1.25
 FLOPS_TOLERANCE = 0.01
+# Target 4 for ResNet-50 at 64 px, batch 64: 8 simulated devices / 1, as issue 13 measured it.
+REFERENCE_RESNET_SCALING = 1.10
+SCALING_SLACK = 1.25
+
+INPUT_BATCHES = 20          # target 3: batches timed per pipeline (start-up included)
+
+# Targets 2-5, one module each: measure(say, a) -> result, rows(result), markdown(result).
+PART_TARGETS = (("loop", ("2", "4")), ("input", ("3",)), ("eval", ("5",)))
+PART_WHAT = {"2": "step through the harness / bare compiled step",
+             "3": "input pipeline examples/s / training step examples/s",
+             "4": "N devices / 1 device, same global batch",
+             "5": "seconds per evaluation"}
+
+
+def _part_module(part: str):
+  import importlib  # pylint: disable=import-outside-toplevel
+  return importlib.import_module(f"benchmarks.perf_{part}")
 
 
 class ArgError(Exception):
@@ -79,17 +100,27 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                  help="simulated CPU devices when no accelerator plugin is installed")
   p.add_argument("--compile_defaults", choices=("auto", "yes", "no"), default="auto",
                  help="target 6: compile each CPU default (auto: yes unless --quick)")
+  p.add_argument("--benchmarks", default=None,
+                 help="CPU defaults measured for targets 2-5 (default all four: resnet,"
+                      "transformer,ssd,lm; --quick: resnet; none: skip targets 2-5)")
+  p.add_argument("--loop_rounds", type=int, default=None,
+                 help="targets 2 and 4: alternating rounds per benchmark (default 8)")
+  p.add_argument("--loop_steps", type=int, default=None,
+                 help="targets 2 and 4: steps per way per round (default 10)")
   p.add_argument("--hlo", action="store_true",
                  help="also write both programs' optimized HLO text next to the report")
   p.add_argument("--output_dir", default="", help="default runs/perf/<timestamp>")
   p.add_argument("--seed", type=int, default=0)
   a = p.parse_args(argv)
-  quick = dict(depth=10, width=8, image_size=32, num_classes=10, batch=32, rounds=5, steps=3)
-  full = dict(depth=50, width=64, image_size=64, num_classes=1000, batch=64, rounds=10, steps=1)
+  quick = dict(depth=10, width=8, image_size=32, num_classes=10, batch=32, rounds=5, steps=3,
+               benchmarks="resnet", loop_rounds=2, loop_steps=3)
+  full = dict(depth=50, width=64, image_size=64, num_classes=1000, batch=64, rounds=10, steps=1,
+              benchmarks="all", loop_rounds=8, loop_steps=10)
   for k, v in (quick if a.quick else full).items():
     if getattr(a, k) is None:
       setattr(a, k, v)
-  for k in ("depth", "width", "image_size", "num_classes", "batch", "rounds", "steps"):
+  for k in ("depth", "width", "image_size", "num_classes", "batch", "rounds", "steps",
+            "loop_rounds", "loop_steps"):
     if getattr(a, k) < 1:
       raise ArgError(f"--{k}={getattr(a, k)}: must be at least 1")
   if a.warmup < 1:
@@ -99,6 +130,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     raise ArgError(f"--depth={a.depth}: choose one of {', '.join(map(str, sorted(STAGES)))}")
   if a.image_size < 32:
     raise ArgError(f"--image_size={a.image_size}: ResNet needs at least 32 pixels")
+  from benchmarks.registry import BENCHMARKS  # pylint: disable=import-outside-toplevel
+  if a.benchmarks.strip() in ("all", ""):
+    a.benchmarks = list(BENCHMARKS)
+  elif a.benchmarks.strip() == "none":
+    a.benchmarks = []
+  else:
+    a.benchmarks = [b.strip() for b in a.benchmarks.split(",")]
+    unknown = [b for b in a.benchmarks if b not in BENCHMARKS]
+    if unknown:
+      raise ArgError(f"--benchmarks: unknown {', '.join(unknown)}; choose from "
+                     f"{', '.join(BENCHMARKS)}, all or none")
   a.compile_defaults = (a.compile_defaults == "yes"
                         or (a.compile_defaults == "auto" and not a.quick))
   return a
@@ -368,7 +410,8 @@ def compile_defaults(say) -> dict[str, dict[str, float]]:
 # --- targets and reports ------------------------------------------------------------------------
 
 def targets(a, resnet: dict[int, dict], compile_s: dict | None, previous: dict | None,
-            where: tuple[str, int] = ("cpu", 8)) -> list[dict[str, Any]]:
+            where: tuple[str, int] = ("cpu", 8), parts: dict | None = None
+            ) -> list[dict[str, Any]]:
   """The target rows; `where`: (platform, device count) of this run."""
   rows = []
   for n, r in resnet.items():
@@ -383,20 +426,23 @@ def targets(a, resnet: dict[int, dict], compile_s: dict | None, previous: dict |
   if not resnet:
     rows.append({"target": "1", "what": "ResNet step / hand-written", "value": "not measured "
                  "(--devices=none)", "goal": "<= 1.00", "met": False, "detail": ""})
-  rows.append({"target": "2", "what": "step through the harness / bare compiled step",
-               "value": "not measured yet", "goal": "<= 1.02, all four benchmarks",
-               "met": False, "detail": ""})
+  parts = parts or {}
+  for part, target in PART_TARGETS:
+    if part in parts:
+      rows.extend(_part_module(part).rows(parts[part]))
+    else:
+      rows.extend({"target": t, "what": PART_WHAT[t], "value": "not measured (--benchmarks)",
+                   "goal": "", "met": False, "detail": ""} for t in target)
   if len(resnet) >= 2:
     ns = sorted(resnet)
     hi, lo = ns[-1], ns[0]
     sc = resnet[hi]["ms_per_step"]["meshperf"] / resnet[lo]["ms_per_step"]["meshperf"]
-    rows.append({"target": "4", "what": f"{hi} devices / {lo} device, same global batch",
-                 "value": f"resnet {sc:.2f}x the time", "goal": "reported, every benchmark",
-                 "met": False, "detail": "transformer, ssd, lm: not measured yet"})
-  else:
-    rows.append({"target": "4", "what": "N devices / 1 device, same global batch",
-                 "value": "not measured (one device count)", "goal": "reported, every benchmark",
-                 "met": False, "detail": ""})
+    ref = REFERENCE_RESNET_SCALING if (hi, lo) == (8, 1) and a.depth == 50 else None
+    rows.append({"target": "4", "what": f"ResNet-{a.depth}, {a.image_size} px: {hi} devices / "
+                 f"{lo} device, same global batch", "value": f"{sc:.2f}x the time",
+                 "goal": f"<= {SCALING_SLACK:g}x reference" if ref else "reported",
+                 "met": sc <= SCALING_SLACK * ref if ref else True,
+                 "detail": f"reference {ref} (issue 13's measurement)" if ref else ""})
   if compile_s is None:
     rows.append({"target": "6", "what": "compile time of each CPU default",
                  "value": "not measured (--compile_defaults=no)", "goal": "reported, not growing",
@@ -418,7 +464,24 @@ def targets(a, resnet: dict[int, dict], compile_s: dict | None, previous: dict |
                  "detail": detail + (f"; grew: {', '.join(grew)}" if grew else "")
                  + (f"; no reference for {', '.join(unref)}" if unref and same_host else "")
                  + ("" if same_host else "; the references are for 8 simulated CPU devices")})
-  return rows
+  return _by_target(rows)
+
+
+def _by_target(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+  return sorted(rows, key=lambda r: r["target"])
+
+
+def measure_part(part: str, a, say) -> Any:
+  """Targets 2 and 4 ("loop"), 3 ("input") or 5 ("eval") for the benchmarks of --benchmarks."""
+  mod = _part_module(part)
+  names = tuple(a.benchmarks)
+  if part == "loop":
+    return mod.measure(say, names=names, rounds=a.loop_rounds, steps=a.loop_steps)
+  if part == "input":   # --quick: small images, no step (no ratio)
+    settings = mod.Settings.tiny() if a.quick else mod.Settings(batches=INPUT_BATCHES)
+    return mod.measure(say, workers=(0,) if a.quick else (0, 1, 2), settings=settings,
+                       names=names)
+  return mod.measure(say, names=names)
 
 
 def _rel(x) -> str:
@@ -432,7 +495,7 @@ def _targets_met(rows) -> tuple[int, int]:
   return sum(by.values()), len(by)
 
 
-def markdown(a, env: dict, resnet: dict[int, dict], rows, compile_s) -> str:
+def markdown(a, env: dict, resnet: dict[int, dict], rows, compile_s, parts=None) -> str:
   lines = [f"# ./run.sh perf, {env['when']}", "",
            f"`{env['command']}` on {env['devices']} {env['platform']} device(s) "
            f"({env['device_kind']}), jax {env['jax']}, load average {env['load_average']}."]
@@ -464,6 +527,8 @@ def markdown(a, env: dict, resnet: dict[int, dict], rows, compile_s) -> str:
         b = r["bytes_accessed"][name]
         lines.append(f"| {n} | {name} | " + " | ".join(str(ops[k]) for k in KEY_OPS)
                      + f" | {'?' if b is None else f'{b / 2**20:,.0f} MiB'} |")
+  for part, result in (parts or {}).items():
+    lines += _part_module(part).markdown(result)
   if compile_s:
     lines += ["", "| CPU default | compile s (train + eval) | CPU s | reference CPU s |",
               "|---|---|---|---|"]
@@ -534,9 +599,15 @@ def main(argv: list[str]) -> int:
     r = resnet[n]
     say(f"  {n} device(s): meshperf {r['ms_per_step']['meshperf']:.1f} ms, baseline "
         f"{r['ms_per_step']['baseline']:.1f} ms, ratio {r['ratio']:.3f}")
+  parts = {}
+  if a.benchmarks:
+    for part, target in PART_TARGETS:
+      say(f"target{'s' if len(target) > 1 else ''} {' and '.join(target)}: "
+          f"{', '.join(a.benchmarks)}")
+      parts[part] = measure_part(part, a, say)
   compile_s = compile_defaults(say) if a.compile_defaults else None
   previous = _previous_report(os.path.dirname(out_dir.rstrip("/")) or ".", out_dir)
-  rows = targets(a, resnet, compile_s, previous, (devs[0].platform, len(devs)))
+  rows = targets(a, resnet, compile_s, previous, (devs[0].platform, len(devs)), parts)
   met, total = _targets_met(rows)
   env["load_average_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
   os.makedirs(out_dir, exist_ok=True)
@@ -546,11 +617,12 @@ def main(argv: list[str]) -> int:
       with open(os.path.join(out_dir, f"{name}_{n}dev.hlo.txt"), "w", encoding="utf-8") as f:
         f.write(text)
   report = {"env": env, "args": vars(a), "resnet": {str(n): r for n, r in resnet.items()},
+            "parts": parts,
             "compile_defaults": compile_s, "reference_compile_cpu_s": REFERENCE_COMPILE_CPU_S,
             "targets": rows, "met": met, "of": total, "notes": notes}
   with open(os.path.join(out_dir, "perf.json"), "w", encoding="utf-8") as f:
     json.dump(report, f, indent=2)
-  md = markdown(a, env, resnet, rows, compile_s)
+  md = markdown(a, env, resnet, rows, compile_s, parts)
   with open(os.path.join(out_dir, "perf.md"), "w", encoding="utf-8") as f:
     f.write(md)
   print()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from typing import Any, Iterator
 
 _DONE = object()
@@ -56,6 +57,14 @@ class Prefetch:
     if item is _DONE:
       raise StopIteration
     return item
+
+  def wait_filled(self, timeout_s: float = 600.0) -> None:
+    """Waits until the thread is `depth` items ahead (or has stopped), e.g. before timing
+    something else that the refill would otherwise share the CPU with."""
+    t_end = time.monotonic() + timeout_s
+    while (not self._queue.full() and self._thread.is_alive()
+           and time.monotonic() < t_end):
+      time.sleep(0.002)
 
   def close(self) -> None:
     """Stops the thread (it may be blocked on a full queue) and drops what it prepared."""

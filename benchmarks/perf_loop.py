@@ -1,0 +1,256 @@
+"""`./run.sh perf`, targets 2 and 4: the training loop against the bare compiled step, and 8
+devices against 1, for every benchmark's CPU default.
+
+For each benchmark the CPU default's program is compiled twice (over all devices, and over one
+device at the same global batch) and four ways of running steps take turns, round by round, in
+a rotating order (so slow drift in the machine's load falls on all four alike):
+
+  harness  `benchmarks.train._train_block`, the loop `./run.sh` runs: the real input pipeline
+           behind the prefetch thread, MLPerf epoch events into a real log file, the metrics
+           window (`--nan_check_every`), progress lines, the signal check; checkpoints off.
+  loop     the same loop fed from a few batches read once and cycled: the loop's own cost
+           without the input pipeline's CPU time (on this CPU-only backend the pipeline runs on
+           the cores that also run the "devices"; on a GPU or TPU host it does not).
+  bare     the same compiled step called on one placed batch, nothing else, the last result
+           waited for.
+  1 device the same benchmark compiled over one device, bare, same global batch.
+
+Target 2 is harness / bare (and loop / bare); target 4 is bare / 1 device. Each round times
+`steps` steps of each; the report gives per-round ratio medians and quartiles.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import itertools
+import os
+import statistics
+import tempfile
+import time
+from typing import Any
+
+REFERENCE_SCALING: dict[str, float] = {}   # filled from the first measured report (see README)
+HARNESS_GOAL = 1.02
+
+
+def _quartiles(xs: list[float]) -> list[float]:
+  if len(xs) < 2:
+    return [xs[0], xs[0]]
+  q = statistics.quantiles(xs, n=4, method="inclusive")
+  return [q[0], q[2]]
+
+
+def build(name: str, devs):
+  """The CPU default of benchmark `name` compiled over `devs`: (cfg, entry, task, program,
+  state)."""
+  from benchmarks import registry, train  # pylint: disable=import-outside-toplevel
+  from benchmarks.step import compile_program  # pylint: disable=import-outside-toplevel
+  entry = registry.BENCHMARKS[name]
+  cfg = entry.config().PRESETS["cpu"]
+  sharder, plan = train.build_sharder(cfg, devs)
+  replicas = train.check_batches(cfg, sharder, plan, 1)
+  task = entry.build()(cfg, replicas=replicas, process_index=0, process_count=1)
+  if task.data.steps_per_epoch < 1:
+    raise ValueError(f"{name}: no training steps")
+  program, state = compile_program(task, sharder, cfg.seed, *task.data.example_batches(), 1,
+                                   plan)
+  return cfg, entry, task, program, state
+
+
+class _Runner:
+  """One benchmark's four ways of running steps, sharing the all-device state."""
+
+  def __init__(self, name: str, devs, steps: int, log_dir: str, say):
+    import jax  # pylint: disable=import-outside-toplevel
+    from benchmarks import prefetch, train  # pylint: disable=import-outside-toplevel
+    from benchmarks.step import global_batch  # pylint: disable=import-outside-toplevel
+    from logs.mlperf import MLPerfLog  # pylint: disable=import-outside-toplevel
+    self.jax, self.train_lib, self.steps = jax, train, steps
+    t0 = time.perf_counter()
+    self.cfg, self.entry, self.task, self.program, self.state = build(name, devs)
+    self.compile_s = self.program.compile_s
+    say(f"    {name}: {len(devs)} device(s) compiled in {self.compile_s:.1f} s "
+        f"(built in {time.perf_counter() - t0:.1f} s)")
+    t0 = time.perf_counter()
+    *_, self.program1, self.state1 = build(name, devs[:1])
+    self.compile1_s = self.program1.compile_s
+    say(f"    {name}: 1 device compiled in {self.compile1_s:.1f} s "
+        f"(built in {time.perf_counter() - t0:.1f} s)")
+    data, shardings = self.task.data, self.program.batch_shardings
+    first = next(iter(data.train(0)))
+    self.batch = global_batch(first, shardings)
+    self.batch1 = global_batch(first, self.program1.batch_shardings)
+    cached = list(itertools.islice(data.train(0), 4))
+    self.step_no = 0
+    self.real = prefetch.Prefetch(((s, global_batch(b, shardings))
+                                   for s, b in train._batches(data, 0)), depth=2)  # pylint: disable=protected-access
+    self.cached = prefetch.Prefetch(((s, global_batch(cached[s % len(cached)], shardings))
+                                     for s in itertools.count()), depth=2)
+    self.log = MLPerfLog(True)
+    self.log.open(os.path.join(log_dir, f"{name}.txt"))
+    self.signals = None
+    self.data = data
+
+  def close(self):
+    self.real.close()
+    self.cached.close()
+    self.log.close()
+
+  def _block(self, batches) -> None:
+    from benchmarks import stops  # pylint: disable=import-outside-toplevel
+    train = self.train_lib
+    opts = train.RunOptions.__dataclass_fields__
+    per_epoch = self.data.steps_per_epoch
+    block = train.Block(self.step_no, self.steps, {}, {}, {}, "perf")
+    progress = train._Progress(10**9, per_epoch, self.cfg.global_batch_size,  # pylint: disable=protected-access
+                               opts["progress_every_s"].default, False)
+    # The loop's batches carry their own global step: the block follows them.
+    step_times: list[float] = []
+    with contextlib.redirect_stdout(io.StringIO()):
+      self.state, _, stop = train._train_block(  # pylint: disable=protected-access
+          self.program, self.state, block, _Renumbered(batches, self), self.log,
+          self.entry.spec, progress, step_times,
+          stops.Window(opts["nan_check_every"].default), self.signals)
+    if stop is not None:
+      raise RuntimeError(f"stopped in the perf loop: {stop.detail}")
+    self.step_no += self.steps
+
+  def harness(self) -> None:
+    self._block(self.real)
+    self.real.wait_filled()     # its refill is not timed against the next way
+
+  def loop(self) -> None:
+    self._block(self.cached)
+    self.cached.wait_filled()
+
+  def bare(self) -> None:
+    state, m = self.state, None
+    for _ in range(self.steps):
+      state, m = self.program.train(state, self.batch)
+    self.jax.block_until_ready((state, m))
+    self.state = state
+    self.step_no += self.steps
+
+  def one_device(self) -> None:
+    state, m = self.state1, None
+    for _ in range(self.steps):
+      state, m = self.program1.train(state, self.batch1)
+    self.jax.block_until_ready((state, m))
+    self.state1 = state
+
+
+class _Renumbered:
+  """The loop's (step, batch) items with the step the block expects (the harness and the bare
+  step advance one state; the loop's epoch events follow the runner's step count)."""
+
+  def __init__(self, batches, runner: _Runner):
+    self.batches, self.runner, self.k = batches, runner, 0
+
+  def __iter__(self):
+    return self
+
+  def __next__(self):
+    _, batch = next(self.batches)
+    step = self.runner.step_no + self.k
+    self.k += 1
+    return step, batch
+
+
+WAYS = ("harness", "loop", "bare", "one_device")
+
+
+def measure_one(name: str, devs, rounds: int, steps: int, warmup: int, log_dir: str,
+                say) -> dict[str, Any]:
+  from benchmarks import stops  # pylint: disable=import-outside-toplevel
+  r = _Runner(name, devs, steps, log_dir, say)
+  r.signals = stops.Signals()
+  try:
+    for way in WAYS:       # first calls: placement, first batches, warm caches
+      for _ in range(warmup):
+        getattr(r, way)()
+    wall = {w: [] for w in WAYS}
+    cpu = {w: [] for w in WAYS}
+    for k in range(rounds):
+      order = WAYS[k % len(WAYS):] + WAYS[:k % len(WAYS)]
+      for way in order:
+        t0, c0 = time.perf_counter(), time.process_time()
+        getattr(r, way)()
+        wall[way].append((time.perf_counter() - t0) / steps)
+        cpu[way].append((time.process_time() - c0) / steps)
+      say(f"    {name} round {k + 1}/{rounds}: " + ", ".join(
+          f"{w} {wall[w][-1] * 1e3:.1f} ms" for w in WAYS))
+  finally:
+    r.signals.restore()
+    r.close()
+  ratios = {
+      "harness": [h / b for h, b in zip(wall["harness"], wall["bare"])],
+      "loop": [h / b for h, b in zip(wall["loop"], wall["bare"])],
+      "scaling": [b / o for b, o in zip(wall["bare"], wall["one_device"])],
+  }
+  return {
+      "benchmark": name, "devices": len(devs), "global_batch": r.cfg.global_batch_size,
+      "steps_per_round": steps, "rounds": rounds,
+      "ms_per_step": {w: statistics.median(v) * 1e3 for w, v in wall.items()},
+      "cpu_ms_per_step": {w: statistics.median(v) * 1e3 for w, v in cpu.items()},
+      "ms_per_step_rounds": {w: [t * 1e3 for t in v] for w, v in wall.items()},
+      "ratio": {k: statistics.median(v) for k, v in ratios.items()},
+      "ratio_quartiles": {k: _quartiles(v) for k, v in ratios.items()},
+      "ratio_rounds": ratios,
+      "compile_s": {"devices": r.compile_s, "one_device": r.compile1_s},
+  }
+
+
+def measure(say, names=("resnet", "transformer", "ssd", "lm"), rounds: int = 8,
+            steps: int = 10, warmup: int = 1) -> dict[str, Any]:
+  """Targets 2 and 4 for each benchmark's CPU default over all devices."""
+  import jax  # pylint: disable=import-outside-toplevel
+  devs = jax.devices()
+  out = {}
+  with tempfile.TemporaryDirectory(prefix="meshperf-perf-logs-") as log_dir:
+    for name in names:
+      say(f"  {name}: CPU default, {len(devs)} device(s) and 1")
+      out[name] = measure_one(name, devs, rounds, steps, warmup, log_dir, say)
+      m = out[name]
+      say(f"    {name}: harness / bare {m['ratio']['harness']:.3f}, loop / bare "
+          f"{m['ratio']['loop']:.3f}, {len(devs)} / 1 device {m['ratio']['scaling']:.2f}")
+  return out
+
+
+def rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+  out = []
+  for name, m in result.items():
+    q = m["ratio_quartiles"]
+    out.append({
+        "target": "2", "what": f"{name}: step through the harness / bare compiled step",
+        "value": f"{m['ratio']['harness']:.3f}", "goal": f"<= {HARNESS_GOAL:.2f}",
+        "met": m["ratio"]["harness"] <= HARNESS_GOAL,
+        "detail": (f"quartiles {q['harness'][0]:.3f}-{q['harness'][1]:.3f}; loop without the "
+                   f"input pipeline {m['ratio']['loop']:.3f} ({q['loop'][0]:.3f}-"
+                   f"{q['loop'][1]:.3f}); bare {m['ms_per_step']['bare']:.1f} ms/step")})
+  for name, m in result.items():
+    q = m["ratio_quartiles"]["scaling"]
+    ref = REFERENCE_SCALING.get(name)
+    out.append({
+        "target": "4", "what": f"{name}: {m['devices']} devices / 1 device, same global batch",
+        "value": f"{m['ratio']['scaling']:.2f}x the time",
+        "goal": "reported; not above 1.25x the reference",
+        "met": ref is not None and m["ratio"]["scaling"] <= 1.25 * ref,
+        "detail": f"quartiles {q[0]:.2f}-{q[1]:.2f}; reference "
+                  + (f"{ref:.2f}" if ref else "none yet")})
+  return out
+
+
+def markdown(result: dict[str, Any]) -> list[str]:
+  lines = ["", "Targets 2 and 4, each benchmark's CPU default (ms per step, medians of rounds; "
+           "ratios: medians of per-round ratios):", "",
+           "| benchmark | devices | global batch | harness | loop (cached batches) | bare step | "
+           "1 device | harness / bare | loop / bare | N / 1 device | CPU ms/step harness / "
+           "bare |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+  for name, m in result.items():
+    t, r, c = m["ms_per_step"], m["ratio"], m["cpu_ms_per_step"]
+    lines.append(f"| {name} | {m['devices']} | {m['global_batch']} | {t['harness']:.1f} | "
+                 f"{t['loop']:.1f} | {t['bare']:.1f} | {t['one_device']:.1f} | "
+                 f"{r['harness']:.3f} | {r['loop']:.3f} | {r['scaling']:.2f} | "
+                 f"{c['harness']:.0f} / {c['bare']:.0f} |")
+  return lines
