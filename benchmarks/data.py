@@ -114,10 +114,12 @@ def padded(batches: Iterable[Batch], local_batch: int, steps: int, example: Batc
     raise ValueError("eval stream is longer than its steps")
 
 
-def open_tfds(data_dir: str, name: str, split: str, dataset_flag: str, prepare: str):
+def open_tfds(data_dir: str, name: str, split: str, dataset_flag: str, prepare: str,
+              undecoded: tuple[str, ...] = ()):
   """`tfds.data_source` over a dataset prepared by tensorflow-datasets as ArrayRecord (no
   TensorFlow at run time). `name` may include a config ("wmt14_translate/de-en"); `prepare`
-  tells the user how to make the dataset when it is missing."""
+  tells the user how to make the dataset when it is missing. Features named in `undecoded`
+  come as their stored bytes (e.g. a JPEG the pipeline decodes at reduced size itself)."""
   if not data_dir:
     raise UserError(f"--dataset={dataset_flag} needs --data_dir: the tensorflow-datasets folder "
                     f"that holds {name}/<version>/")
@@ -135,7 +137,9 @@ def open_tfds(data_dir: str, name: str, split: str, dataset_flag: str, prepare: 
   _check_split(infos[0], split, name, prepare)
   import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
   try:
-    return tfds.data_source(name, split=split, data_dir=data_dir, download=False)
+    decoders = {k: tfds.decode.SkipDecoding() for k in undecoded} or None
+    return tfds.data_source(name, split=split, data_dir=data_dir, download=False,
+                            decoders=decoders)
   except Exception as e:  # pylint: disable=broad-except  # the files on disk are the user's
     raise UserError(f"tensorflow-datasets cannot open {folder} ({type(e).__name__}: "
                     f"{str(e).strip().splitlines()[-1][:200]}); prepare {name} again with "

@@ -7,6 +7,7 @@ normalized, and `label` int32.
 from __future__ import annotations
 
 import io
+import math
 
 import numpy as np
 from PIL import Image
@@ -141,9 +142,36 @@ def _rgb(image: np.ndarray) -> Image.Image:
   return im.convert("RGB") if im.mode != "RGB" else im
 
 
-def inception_crop(image: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
-  """Random-area (8%-100%), random-aspect (3/4-4/3) crop resized to size, random flip."""
-  h, w = image.shape[:2]
+def _open(image: np.ndarray | bytes) -> Image.Image:
+  """A decoded image, or a JPEG's bytes opened lazily (only its header is read)."""
+  return _rgb(image) if isinstance(image, np.ndarray) else Image.open(io.BytesIO(image))
+
+
+def _decode(im: Image.Image, box: tuple[float, float, float, float], out: tuple[int, int]
+            ) -> Image.Image:
+  """`box` (in the full image's pixels) resized to `out`. A JPEG is decoded at the smallest of
+  its DCT scales (1/2, 1/4, 1/8) that still gives the box at least `out` pixels (PIL's
+  `Image.draft`, libjpeg's scaled decoding): decoding dominates the pipeline's CPU time, and a
+  crop shown at 32 px or a small crop of a large photo needs a fraction of the pixels. The
+  resize then filters from the reduced image (as torchvision's and TF's pipelines filter from
+  the full one). Other formats decode in full."""
+  w, h = im.size
+  bw, bh = box[2] - box[0], box[3] - box[1]
+  if im.format == "JPEG":
+    im.draft("RGB", (math.ceil(w * out[0] / bw), math.ceil(h * out[1] / bh)))
+  fx, fy = im.size[0] / w, im.size[1] / h
+  if im.mode != "RGB":
+    im = im.convert("RGB")
+  return im.resize(out, Image.BILINEAR,
+                   box=(box[0] * fx, box[1] * fy, box[2] * fx, box[3] * fy))
+
+
+def inception_crop(image: np.ndarray | bytes, size: int, rng: np.random.Generator
+                   ) -> np.ndarray:
+  """Random-area (8%-100%), random-aspect (3/4-4/3) crop resized to size, random flip.
+  `image`: decoded pixels or a JPEG's bytes (then decoded at a reduced scale: `_decode`)."""
+  im = _open(image)
+  w, h = im.size
   for _ in range(10):
     area = h * w * rng.uniform(0.08, 1.0)
     aspect = np.exp(rng.uniform(np.log(3 / 4), np.log(4 / 3)))
@@ -154,19 +182,22 @@ def inception_crop(image: np.ndarray, size: int, rng: np.random.Generator) -> np
   else:
     ch = cw = min(h, w)
     y0, x0 = (h - ch) // 2, (w - cw) // 2
-  im = _rgb(image).crop((x0, y0, x0 + cw, y0 + ch)).resize((size, size), Image.BILINEAR)
-  out = np.asarray(im)
+  out = np.asarray(_decode(im, (x0, y0, x0 + cw, y0 + ch), (size, size)))
   return out[:, ::-1] if rng.random() < 0.5 else out
 
 
-def center_crop(image: np.ndarray, size: int, crop_fraction: float = 0.875) -> np.ndarray:
-  """Resize the shorter side to size / 0.875, then take the central size x size crop."""
-  h, w = image.shape[:2]
+def center_crop(image: np.ndarray | bytes, size: int, crop_fraction: float = 0.875
+                ) -> np.ndarray:
+  """Resize the shorter side to size / 0.875, then take the central size x size crop.
+  `image`: decoded pixels or a JPEG's bytes (then decoded at a reduced scale: `_decode`)."""
+  im = _open(image)
+  w, h = im.size
   scale = size / crop_fraction / min(h, w)
   nh, nw = max(size, round(h * scale)), max(size, round(w * scale))
-  im = _rgb(image).resize((nw, nh), Image.BILINEAR)
   y0, x0 = (nh - size) // 2, (nw - size) // 2
-  return np.asarray(im.crop((x0, y0, x0 + size, y0 + size)))
+  # The central size x size of the (nw, nh) resize, as a box in the full image's pixels.
+  box = (x0 * w / nw, y0 * h / nh, (x0 + size) * w / nw, (y0 + size) * h / nh)
+  return np.asarray(_decode(im, box, (size, size)))
 
 
 def _absl_flags_parsed() -> None:
@@ -181,8 +212,10 @@ def _imagenet(cfg, local_batch, local_eval, pi, pc) -> Data:
   import grain  # pylint: disable=import-outside-toplevel
   prepare = ("`tfds build imagenet2012 --manual_dir=... --file_format=array_record` (needs "
              "TensorFlow once), or use --dataset=digits or --dataset=synthetic")
-  train_src = open_tfds(cfg.data_dir, "imagenet2012", "train", "imagenet", prepare)
-  eval_src = open_tfds(cfg.data_dir, "imagenet2012", "validation", "imagenet", prepare)
+  # JPEG bytes: inception_crop / center_crop decode each at the scale its crop needs.
+  train_src = open_tfds(cfg.data_dir, "imagenet2012", "train", "imagenet", prepare, ("image",))
+  eval_src = open_tfds(cfg.data_dir, "imagenet2012", "validation", "imagenet", prepare,
+                       ("image",))
   steps = len(train_src) // cfg.global_batch_size
   if steps == 0:
     raise UserError(f"--global_batch_size={cfg.global_batch_size} is larger than the "
