@@ -104,9 +104,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                  help="CPU defaults measured for targets 2-5 (default all four: resnet,"
                       "transformer,ssd,lm; --quick: resnet; none: skip targets 2-5)")
   p.add_argument("--loop_rounds", type=int, default=None,
-                 help="targets 2 and 4: alternating rounds per benchmark (default 8)")
+                 help="targets 2 and 4: alternating rounds per benchmark (default 6)")
   p.add_argument("--loop_steps", type=int, default=None,
-                 help="targets 2 and 4: steps per way per round (default 10)")
+                 help="targets 2 and 4: steps per way per round (default 5)")
   p.add_argument("--hlo", action="store_true",
                  help="also write both programs' optimized HLO text next to the report")
   p.add_argument("--output_dir", default="", help="default runs/perf/<timestamp>")
@@ -115,7 +115,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   quick = dict(depth=10, width=8, image_size=32, num_classes=10, batch=32, rounds=5, steps=3,
                benchmarks="resnet", loop_rounds=2, loop_steps=3)
   full = dict(depth=50, width=64, image_size=64, num_classes=1000, batch=64, rounds=10, steps=1,
-              benchmarks="all", loop_rounds=8, loop_steps=10)
+              benchmarks="all", loop_rounds=6, loop_steps=5)
   for k, v in (quick if a.quick else full).items():
     if getattr(a, k) is None:
       setattr(a, k, v)
