@@ -103,8 +103,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   p.add_argument("--benchmarks", default=None,
                  help="CPU defaults measured for targets 2-5 (default all four: resnet,"
                       "transformer,ssd,lm; --quick: resnet; none: skip targets 2-5)")
+  p.add_argument("--parts", default="loop,input,eval",
+                 help="which of targets 2-5 to measure: loop (2 and 4), input (3), eval (5)")
   p.add_argument("--loop_rounds", type=int, default=None,
-                 help="targets 2 and 4: alternating rounds per benchmark (default 6)")
+                 help="targets 2 and 4: alternating rounds per benchmark (default 12)")
   p.add_argument("--loop_steps", type=int, default=None,
                  help="targets 2 and 4: steps per way per round (default 5)")
   p.add_argument("--hlo", action="store_true",
@@ -115,7 +117,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
   quick = dict(depth=10, width=8, image_size=32, num_classes=10, batch=32, rounds=5, steps=3,
                benchmarks="resnet", loop_rounds=2, loop_steps=3)
   full = dict(depth=50, width=64, image_size=64, num_classes=1000, batch=64, rounds=10, steps=1,
-              benchmarks="all", loop_rounds=6, loop_steps=5)
+              benchmarks="all", loop_rounds=12, loop_steps=5)
   for k, v in (quick if a.quick else full).items():
     if getattr(a, k) is None:
       setattr(a, k, v)
@@ -141,6 +143,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if unknown:
       raise ArgError(f"--benchmarks: unknown {', '.join(unknown)}; choose from "
                      f"{', '.join(BENCHMARKS)}, all or none")
+  a.parts = [x.strip() for x in a.parts.split(",") if x.strip()]
+  bad = [x for x in a.parts if x not in dict(PART_TARGETS)]
+  if bad:
+    raise ArgError(f"--parts: unknown {', '.join(bad)}; choose from "
+                   f"{', '.join(dict(PART_TARGETS))}")
   a.compile_defaults = (a.compile_defaults == "yes"
                         or (a.compile_defaults == "auto" and not a.quick))
   return a
@@ -431,7 +438,8 @@ def targets(a, resnet: dict[int, dict], compile_s: dict | None, previous: dict |
     if part in parts:
       rows.extend(_part_module(part).rows(parts[part]))
     else:
-      rows.extend({"target": t, "what": PART_WHAT[t], "value": "not measured (--benchmarks)",
+      rows.extend({"target": t, "what": PART_WHAT[t],
+                   "value": "not measured (--benchmarks, --parts)",
                    "goal": "", "met": False, "detail": ""} for t in target)
   if len(resnet) >= 2:
     ns = sorted(resnet)
@@ -601,7 +609,7 @@ def main(argv: list[str]) -> int:
         f"{r['ms_per_step']['baseline']:.1f} ms, ratio {r['ratio']:.3f}")
   parts = {}
   if a.benchmarks:
-    for part, target in PART_TARGETS:
+    for part, target in (t for t in PART_TARGETS if t[0] in a.parts):
       say(f"target{'s' if len(target) > 1 else ''} {' and '.join(target)}: "
           f"{', '.join(a.benchmarks)}")
       parts[part] = measure_part(part, a, say)

@@ -16,7 +16,8 @@ a rotating order (so slow drift in the machine's load falls on all four alike):
   1 device the same benchmark compiled over one device, bare, same global batch.
 
 Target 2 is harness / bare (and loop / bare); target 4 is bare / 1 device. Each round times
-`steps` steps of each; the report gives per-round ratio medians and quartiles.
+`steps` steps of each (more where the bare step takes under 1 s for them, so a round of a fast
+benchmark is not all noise); the report gives per-round ratio medians and quartiles.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import io
 import itertools
+import math
 import os
 import statistics
 import tempfile
@@ -164,7 +166,7 @@ WAYS = ("harness", "loop", "bare", "one_device")
 
 
 def measure_one(name: str, devs, rounds: int, steps: int, warmup: int, log_dir: str,
-                say) -> dict[str, Any]:
+                say, min_round_s: float = 1.0) -> dict[str, Any]:
   from benchmarks import stops  # pylint: disable=import-outside-toplevel
   r = _Runner(name, devs, steps, log_dir, say)
   r.signals = stops.Signals()
@@ -172,6 +174,10 @@ def measure_one(name: str, devs, rounds: int, steps: int, warmup: int, log_dir: 
     for way in WAYS:       # first calls: placement, first batches, warm caches
       for _ in range(warmup):
         getattr(r, way)()
+    # Rounds of at least min_round_s each: a round of a few 60 ms steps is all noise.
+    t0 = time.perf_counter()
+    r.bare()
+    r.steps = steps = max(steps, math.ceil(min_round_s * r.steps / (time.perf_counter() - t0)))
     wall = {w: [] for w in WAYS}
     cpu = {w: [] for w in WAYS}
     for k in range(rounds):
@@ -204,7 +210,7 @@ def measure_one(name: str, devs, rounds: int, steps: int, warmup: int, log_dir: 
   }
 
 
-def measure(say, names=("resnet", "transformer", "ssd", "lm"), rounds: int = 6,
+def measure(say, names=("resnet", "transformer", "ssd", "lm"), rounds: int = 12,
             steps: int = 5, warmup: int = 1) -> dict[str, Any]:
   """Targets 2 and 4 for each benchmark's CPU default over all devices."""
   import jax  # pylint: disable=import-outside-toplevel

@@ -74,8 +74,9 @@ class BatchNorm(nn.Module):
         if b % span:
           raise UserError(f"--bn_span={span} does not divide the {b} examples of a forward pass "
                           f"(per replica, per micro-batch); choose a divisor of {b}")
-        g = x.astype(f).reshape((b // span, span) + x.shape[1:])
-        axes = tuple(range(1, g.ndim - 1))
+        # One group (span = the batch): no group axis, the moments reduce over (N, H, W).
+        g = x.astype(f) if span == b else x.astype(f).reshape((b // span, span) + x.shape[1:])
+        axes = tuple(range(0 if span == b else 1, g.ndim - 1))
         mean = jnp.mean(g, axes, keepdims=True)
         var = _variance(mean, jnp.mean(jnp.square(g), axes, keepdims=True))
         y = _normalize(g, mean, var, scale, bias, self.epsilon).reshape(x.shape)
