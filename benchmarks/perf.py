@@ -576,7 +576,7 @@ def markdown(a, env: dict, resnet: dict[int, dict], rows, compile_s, parts=None)
         lines.append(f"| {n} | {name} | " + " | ".join(str(ops[k]) for k in KEY_OPS)
                      + f" | {'?' if b is None else f'{b / 2**20:,.0f} MiB'} |")
   for part, result in (parts or {}).items():
-    lines += _part_module(part).markdown(result)
+    lines += [""] + _part_module(part).markdown(result)
   if compile_s:
     lines += ["", "| CPU default | compile s (train + eval) | CPU s | x calibration compile | "
               "reference |",
