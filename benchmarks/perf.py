@@ -337,7 +337,7 @@ def alternate(a_prog: Prepared, b_prog: Prepared, rounds: int, steps: int, warmu
   return wall, cpu
 
 
-def _quartiles(xs: list[float]) -> list[float]:
+def quartiles(xs: list[float]) -> list[float]:
   """[25th, 75th] percentiles (the spread of the per-round ratios)."""
   if len(xs) < 2:
     return [xs[0], xs[0]]
@@ -372,11 +372,11 @@ def measure_resnet(a, devs, say) -> dict[str, Any]:
       "ms_per_step": {k: v * 1e3 for k, v in med.items()},
       "ms_per_step_rounds": {k: [t * 1e3 for t in v] for k, v in times.items()},
       "ratio": ratio, "ratio_of_medians": med["meshperf"] / med["baseline"],
-      "ratio_rounds": ratios, "ratio_quartiles": _quartiles(ratios),
+      "ratio_rounds": ratios, "ratio_quartiles": quartiles(ratios),
       "cpu_ms_per_step": {k: statistics.median(v) * 1e3 for k, v in cpu.items()},
       "cpu_ms_per_step_rounds": {k: [t * 1e3 for t in v] for k, v in cpu.items()},
       "cpu_ratio": statistics.median(cpu_ratios), "cpu_ratio_rounds": cpu_ratios,
-      "cpu_ratio_quartiles": _quartiles(cpu_ratios),
+      "cpu_ratio_quartiles": quartiles(cpu_ratios),
       "compile_s": {"meshperf": mp.compile_s, "baseline": bl.compile_s},
       "collectives": {p.name: {k: v for k, v in p.cost["collectives"].items() if v["count"]}
                       for p in (mp, bl)},

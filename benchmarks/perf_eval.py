@@ -72,15 +72,16 @@ def _timed_fn(fn: Callable, acc: dict, key: str) -> Callable:
   return call
 
 
-def setup(name: str, cfg=None):
-  """(cfg, task, program, state) of a benchmark as the training loop sets it up (one process)."""
+def setup(name: str, cfg=None, devs=None):
+  """(cfg, task, program, state) of a benchmark (default: its CPU default) as the training loop
+  sets it up (one process), over `devs` (default: all devices)."""
   import jax  # pylint: disable=import-outside-toplevel
 
   from benchmarks import registry, train  # pylint: disable=import-outside-toplevel
   from benchmarks.step import compile_program  # pylint: disable=import-outside-toplevel
   entry = registry.BENCHMARKS[name]
   cfg = cfg or entry.config().PRESETS["cpu"]
-  sharder, plan = train.build_sharder(cfg)
+  sharder, plan = train.build_sharder(cfg, devs)
   replicas = train.check_batches(cfg, sharder, plan, jax.process_count())
   task = entry.build()(cfg, replicas=replicas, process_index=0, process_count=1)
   program, state = compile_program(task, sharder, cfg.seed, *task.data.example_batches(), 1,

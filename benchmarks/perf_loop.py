@@ -32,36 +32,14 @@ import tempfile
 import time
 from typing import Any
 
+from benchmarks.perf import SCALING_SLACK, quartiles
+from benchmarks.perf_eval import setup
+
 # Target 4's references: all devices / 1 device per CPU default, from a measured report (README
 # "Performance"); a later run meets the target while none grew by more than SCALING_SLACK.
 REFERENCE_SCALING: dict[str, float] = {   # `./run.sh perf`, 2026-12-01, 8 simulated CPU devices
     "resnet": 1.47, "transformer": 0.62, "ssd": 0.71, "lm": 0.65}
-SCALING_SLACK = 1.25
 HARNESS_GOAL = 1.02
-
-
-def _quartiles(xs: list[float]) -> list[float]:
-  if len(xs) < 2:
-    return [xs[0], xs[0]]
-  q = statistics.quantiles(xs, n=4, method="inclusive")
-  return [q[0], q[2]]
-
-
-def build(name: str, devs):
-  """The CPU default of benchmark `name` compiled over `devs`: (cfg, entry, task, program,
-  state)."""
-  from benchmarks import registry, train  # pylint: disable=import-outside-toplevel
-  from benchmarks.step import compile_program  # pylint: disable=import-outside-toplevel
-  entry = registry.BENCHMARKS[name]
-  cfg = entry.config().PRESETS["cpu"]
-  sharder, plan = train.build_sharder(cfg, devs)
-  replicas = train.check_batches(cfg, sharder, plan, 1)
-  task = entry.build()(cfg, replicas=replicas, process_index=0, process_count=1)
-  if task.data.steps_per_epoch < 1:
-    raise ValueError(f"{name}: no training steps")
-  program, state = compile_program(task, sharder, cfg.seed, *task.data.example_batches(), 1,
-                                   plan)
-  return cfg, entry, task, program, state
 
 
 class _Runner:
@@ -74,12 +52,14 @@ class _Runner:
     from logs.mlperf import MLPerfLog  # pylint: disable=import-outside-toplevel
     self.jax, self.train_lib, self.steps = jax, train, steps
     t0 = time.perf_counter()
-    self.cfg, self.entry, self.task, self.program, self.state = build(name, devs)
+    from benchmarks import registry  # pylint: disable=import-outside-toplevel
+    self.entry = registry.BENCHMARKS[name]
+    self.cfg, self.task, self.program, self.state = setup(name, devs=devs)
     self.compile_s = self.program.compile_s
     say(f"    {name}: {len(devs)} device(s) compiled in {self.compile_s:.1f} s "
         f"(built in {time.perf_counter() - t0:.1f} s)")
     t0 = time.perf_counter()
-    *_, self.program1, self.state1 = build(name, devs[:1])
+    *_, self.program1, self.state1 = setup(name, devs=devs[:1])
     self.compile1_s = self.program1.compile_s
     say(f"    {name}: 1 device compiled in {self.compile1_s:.1f} s "
         f"(built in {time.perf_counter() - t0:.1f} s)")
@@ -130,20 +110,20 @@ class _Runner:
     self._block(self.cached)
     self.cached.wait_filled()
 
-  def bare(self) -> None:
-    state, m = self.state, None
+  def _steps(self, program, state, batch):
+    """`self.steps` calls of the compiled step on one placed batch, the last waited for."""
+    m = None
     for _ in range(self.steps):
-      state, m = self.program.train(state, self.batch)
+      state, m = program.train(state, batch)
     self.jax.block_until_ready((state, m))
-    self.state = state
+    return state
+
+  def bare(self) -> None:
+    self.state = self._steps(self.program, self.state, self.batch)
     self.step_no += self.steps
 
   def one_device(self) -> None:
-    state, m = self.state1, None
-    for _ in range(self.steps):
-      state, m = self.program1.train(state, self.batch1)
-    self.jax.block_until_ready((state, m))
-    self.state1 = state
+    self.state1 = self._steps(self.program1, self.state1, self.batch1)
 
 
 class _Renumbered:
@@ -205,7 +185,7 @@ def measure_one(name: str, devs, rounds: int, steps: int, warmup: int, log_dir: 
       "cpu_ms_per_step": {w: statistics.median(v) * 1e3 for w, v in cpu.items()},
       "ms_per_step_rounds": {w: [t * 1e3 for t in v] for w, v in wall.items()},
       "ratio": {k: statistics.median(v) for k, v in ratios.items()},
-      "ratio_quartiles": {k: _quartiles(v) for k, v in ratios.items()},
+      "ratio_quartiles": {k: quartiles(v) for k, v in ratios.items()},
       "ratio_rounds": ratios,
       "compile_s": {"devices": r.compile_s, "one_device": r.compile1_s},
   }
