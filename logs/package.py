@@ -5,7 +5,7 @@ benchmark's runs, checked with mlperf_logging's own checkers, and its score.
 The layout is the submission rules' "Directory structure" for training
 (https://github.com/mlcommons/policies/blob/master/submission_rules.adoc):
 
-  <output_dir>/<org>/systems/<system>.json                        every field system_desc_checker requires
+  <output_dir>/<org>/systems/<system>.json                        what system_desc_checker requires
   <output_dir>/<org>/results/<system>/<benchmark>/result_<i>.txt  the logs, numbered by run_start
   <output_dir>/<org>/benchmarks/<benchmark>/implementations/meshperf/   the code, its git commit
   <output_dir>/<org>/benchmarks/<benchmark>/implementations/<system>/   how to set up and run
@@ -438,8 +438,8 @@ def report(p: dict, w: dict, verdicts: list[Verdict]) -> int:
           f"that they are there: fill them in before submitting)")
   print(f"  benchmarks/{bench}/implementations/meshperf: the code ({w['code']})")
   if p["org_note"]:
-    print(f"  note: the logs say submission_org {p['org_note']}, the package {p['org']}: rerun with "
-          f"--submission_org={p['org']} to make them agree")
+    print(f"  note: the logs say submission_org {p['org_note']}, the package {p['org']}: rerun "
+          f"with --submission_org={p['org']} to make them agree")
   print("checks:")
   for v in verdicts:
     print(f"  {v.check:<19} {v.state.upper():<5} {v.detail}")
