@@ -75,6 +75,9 @@ class _Runner:
                                      for s in itertools.count()), depth=2)
     self.log = MLPerfLog(True)
     self.log.open(os.path.join(log_dir, f"{name}.txt"))
+    # The harness writes TensorBoard events at every metrics fetch, as a real run does.
+    from logs import observe  # pylint: disable=import-outside-toplevel
+    self.observer = observe.Observer(os.path.join(log_dir, name), 0, self.cfg.global_batch_size)
     self.signals = None
     self.data = data
 
@@ -82,6 +85,7 @@ class _Runner:
     self.real.close()
     self.cached.close()
     self.log.close()
+    self.observer.close(f"{self.entry.name} perf loop", self.entry.spec.metric, None)
 
   def _block(self, batches) -> None:
     from benchmarks import stops  # pylint: disable=import-outside-toplevel
@@ -97,7 +101,7 @@ class _Runner:
       self.state, _, stop = train._train_block(  # pylint: disable=protected-access
           self.program, self.state, block, _Renumbered(batches, self), self.log,
           self.entry.spec, progress, step_times,
-          stops.Window(opts["nan_check_every"].default), self.signals)
+          stops.Window(opts["nan_check_every"].default), self.signals, self.observer)
     if stop is not None:
       raise RuntimeError(f"stopped in the perf loop: {stop.detail}")
     self.step_no += self.steps

@@ -70,6 +70,7 @@ class Window:
   def __init__(self, every: int):
     self.every = max(1, every)
     self.pending: list[tuple[int, Any]] = []
+    self.fetched: list[tuple[int, dict]] = []     # the last fetch: (global step, host metrics)
     self.start = time.time()
 
   def add(self, step: int, metrics) -> None:
@@ -89,6 +90,7 @@ class Window:
     self.start = now
     steps = [s for s, _ in self.pending]
     self.pending = []
+    self.fetched = list(zip(steps, fetched))
     for s, m in zip(steps, fetched):
       loss = float(m["loss"])
       if not math.isfinite(loss):

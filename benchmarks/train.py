@@ -4,7 +4,8 @@ The MLPerf timeline: timed init (model, optimizer, compilation) -> run_start -> 
 training, each followed by an evaluation -> run_stop, with success when the benchmark's metric
 reaches its target (in the direction its Spec declares), aborted at max_epochs. Blocks are
 counted in epochs or in samples, as the benchmark declares. Writes the MLPerf log, orbax
-checkpoints and `summary.json` with every figure of the run.
+checkpoints and `summary.json` with every figure of the run, and (logs/observe.py) TensorBoard
+events, a PNG of the run and, with --profile_steps, a jax.profiler trace.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from benchmarks import checkpoints, prefetch, registry, stops
 from benchmarks.config import eval_points
 from benchmarks.step import Program, compile_program, evaluate, global_batch
 from benchmarks.task import Spec, Task
+from logs import observe
 from logs.mlperf import C, MLPerfLog
 from mesh import devices, errors
 from mesh.errors import UserError
@@ -52,6 +54,7 @@ class RunOptions:
   nan_check_every: int = 10         # steps between metric fetches (a NaN stops the run within)
   prefetch: int = 2                 # batches prepared and placed on the devices ahead of the step
   quiet: bool = False
+  profile_steps: tuple[int, int] | None = None   # (A, B): a jax.profiler trace of steps A..B-1
 
 
 def result_path(opts: RunOptions) -> str:
@@ -141,10 +144,13 @@ def check_output(opts: RunOptions) -> None:
 def _clear_for_overwrite(opts: RunOptions) -> None:
   """--overwrite starts clean: this run index's log, resumed logs, summary and checkpoints go
   (only once the new run's setup succeeded; other run indices are untouched)."""
-  for path in [result_path(opts), summary_path(opts)] + resume_logs(opts):
+  png = observe.plot_path(opts.output_dir, opts.run_index)
+  for path in [result_path(opts), summary_path(opts), png] + resume_logs(opts):
     if os.path.exists(path):
       os.remove(path)
-  shutil.rmtree(checkpoint_dir(opts), ignore_errors=True)
+  for folder in (checkpoint_dir(opts), observe.tensorboard_dir(opts.output_dir, opts.run_index),
+                 observe.profile_dir(opts.output_dir, opts.run_index)):
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def build_sharder(cfg, devs=None) -> tuple[Sharder, Plan]:
@@ -279,6 +285,7 @@ def _setup(cfg, entry, opts: RunOptions, log: MLPerfLog, say):
   spec = entry.spec
   check_cadence(cfg, spec)
   task = entry.build()(cfg, replicas=replicas, process_index=pi, process_count=pc)
+  observe.check_profile_steps(opts.profile_steps, cfg.max_epochs * task.data.steps_per_epoch)
   platform = opts.submission_platform or f"{len(jax.devices())}x{jax.devices()[0].device_kind}"
   for key, value in ((C.SUBMISSION_BENCHMARK, spec.mlperf_name),
                      (C.SUBMISSION_ORG, opts.submission_org),
@@ -343,6 +350,8 @@ def _train(cfg, entry, opts, signals, log, say, task, program, state, ckpt, wall
   state, step = _maybe_resume(ckpt, program, state, cfg, data, opts, log, say)
   if writer:
     log.open(log_path(opts))      # the setup succeeded: from here on the run leaves its log
+  observer = observe.Observer(opts.output_dir, opts.run_index, cfg.global_batch_size, writer,
+                              opts.profile_steps, say)
   blocks = timeline(cfg, spec, data.steps_per_epoch, start=step)
   log.event(C.TRAIN_SAMPLES, data.num_train)
   log.event(C.EVAL_SAMPLES, data.num_eval)
@@ -352,6 +361,7 @@ def _train(cfg, entry, opts, signals, log, say, task, program, state, ckpt, wall
   # --- run: blocks of training, each followed by an evaluation -----------------------------
   log.start(C.RUN_START)
   run_start = time.time()
+  observer.start(run_start)
   step_times: list[float] = []
   evals: list[dict[str, Any]] = []
   status, quality, error, ending, stop = C.ABORTED, None, None, "crashed", None
@@ -367,12 +377,14 @@ def _train(cfg, entry, opts, signals, log, say, task, program, state, ckpt, wall
     for n, block in enumerate(blocks, 1):
       log.start(C.BLOCK_START, metadata=block.start)
       state, metrics, stop = _train_block(program, state, block, batches, log, spec, progress,
-                                          step_times, stops.Window(opts.nan_check_every), signals)
+                                          step_times, stops.Window(opts.nan_check_every), signals,
+                                          observer)
       step = block.first_step + block.steps if stop is None else stop.step
       if stop is not None:
         break
       log.end(C.BLOCK_STOP, metadata=block.stop)
       quality, eval_s = _evaluate(program, task, state, block, log)
+      observer.evaluation(step, quality, eval_s)
       evals.append({**block.at, "step": step, "quality": quality,
                     "eval_s": eval_s, "train_loss": float(metrics.get("loss", float("nan"))),
                     "elapsed_s": time.time() - run_start})
@@ -415,6 +427,8 @@ def _train(cfg, entry, opts, signals, log, say, task, program, state, ckpt, wall
     summary.update(ending=ending, exit_status=ENDINGS[ending], resumed=opts.resume,
                    mlperf_log=log.path or log_path(opts),
                    last_checkpoint_step=ckpt.latest())
+    summary.update(observer.close(f"{entry.name} run {opts.run_index}: {ending}", spec.metric,
+                                  target))
     if writer:
       _write_json(summary_path(opts), summary)
   _say_ending(say, summary, spec, stop, opts)
@@ -482,9 +496,11 @@ def _maybe_resume(ckpt, program: Program, state, cfg, data, opts: RunOptions, lo
 
 def _train_block(program: Program, state, block: Block, batches, log: MLPerfLog, spec: Spec,
                  progress, step_times: list[float], window: stops.Window,
-                 signals: stops.Signals):
+                 signals: stops.Signals, observer: observe.Observer | None = None):
   """The block's training steps (with epoch events for an epochs-cadence benchmark):
-  (state, the last fetched metrics, a Stop or None). Metrics are fetched once per window."""
+  (state, the last fetched metrics, a Stop or None). Metrics are fetched once per window (and
+  handed to the observer's TensorBoard events then)."""
+  observer = observer or observe.NOTHING
   per_epoch = progress.steps_per_epoch
   metrics: dict = {}
   single = jax.process_count() == 1
@@ -493,12 +509,16 @@ def _train_block(program: Program, state, block: Block, batches, log: MLPerfLog,
     epoch, i = divmod(step, per_epoch)
     if spec.cadence == "epochs" and (i == 0 or k == 0 and block.first_step % per_epoch):
       log.start(C.EPOCH_START, metadata={C.EPOCH_NUM: epoch + 1})
-    state, m = program.train(state, batch)
+    observer.before_step(step)
+    with observer.annotate(step):
+      state, m = program.train(state, batch)
+    observer.after_step(step, (state, m))
     window.add(step, m)
     last = k == block.steps - 1
     asked = signals.received if single else None
     if window.full() or last or asked:
       metrics, stop = window.fetch(step_times)
+      observer.window(window.fetched, step_times)
       if stop is not None:
         return state, metrics, stop
       progress.maybe_print(step + 1, step_times, {"loss": metrics["loss"], "lr": metrics["lr"]})

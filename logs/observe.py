@@ -156,27 +156,23 @@ class Observer:
 
   # --- TensorBoard scalars -------------------------------------------------------------------
 
-  def window(self, pending: list[tuple[int, Any]], step_times: list[float]) -> None:
-    """A fetched window: `pending` the (global step, metrics) pairs the window held, called
-    after `Window.fetch` fetched them (their values are ready, so this waits for no device:
-    accelerators keep the fetched host copy, CPU arrays are read in place), `step_times` with
-    the window's per-step seconds at its end. Each step's metrics at its step; step time and
-    examples/s once, at the window's last step."""
-    if self._events is None or not pending:
+  def window(self, fetched: list[tuple[int, dict]], step_times: list[float]) -> None:
+    """A fetched window (`Window.fetched`: each step's (global step, metrics on the host)),
+    `step_times` with the window's per-step seconds at its end. Each step's metrics at its
+    step; step time and examples/s once, at the window's last step."""
+    if self._events is None or not fetched:
       return
-    import jax  # pylint: disable=import-outside-toplevel
-    fetched = jax.device_get([m for _, m in pending])
     step_s = step_times[-1] if step_times else float("nan")
     now = time.time()
-    n = len(pending)
-    for i, ((step, _), m) in enumerate(zip(pending, fetched)):
+    n = len(fetched)
+    for i, (step, m) in enumerate(fetched):
       wall = now - (n - 1 - i) * step_s        # the steps' share of the window's wall time
       for name, value in m.items():
         if getattr(value, "ndim", 0) == 0:
           self._events.add_scalar(f"train/{name}", float(value), step, walltime=wall)
       if "loss" in m:
         self.losses.append((wall - self.run_start, float(m["loss"])))
-    last = pending[-1][0]
+    last = fetched[-1][0]
     if step_s > 0:
       self._events.add_scalar("perf/step_s", step_s, last, walltime=now)
       self._events.add_scalar("perf/examples_per_s", self.global_batch / step_s, last,
