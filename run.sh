@@ -3,7 +3,9 @@
 #   ./run.sh <benchmark> [--flag=value ...]   run a benchmark (resnet, transformer, ssd, lm); --help lists its flags
 #   ./run.sh test [pytest args]               the whole test suite (8 simulated CPU devices)
 #   ./run.sh check PATH                       MLPerf compliance of a result_*.txt or a folder
+#   ./run.sh package <run folders> [--org=NAME --system=NAME]  an MLPerf submission package, checked and scored
 #   ./run.sh ablate <benchmark> [--flags]     each optimization on/off, side by side
+#   ./run.sh sweep <benchmark> [--flags]      optimizations and layouts swept: CSV, Markdown, plots
 #   ./run.sh install tpu|cuda12|cuda13        the JAX wheels of an accelerator (CPU-only until then)
 #   ./run.sh scale <benchmark>|all [--chips=16,64]  Google's v0.6 TPU-v3 minutes, predicted beside published
 #   ./run.sh perf [--quick] [--flags]         step, loop, input, eval, scaling and compile speed (runs/perf/)
@@ -27,7 +29,7 @@ bootstrap() {
 }
 
 usage() {
-  sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '2,/^# On first use/p' "$0" | sed 's/^# \{0,1\}//' >&2
 }
 
 # The `tpu` extra (libtpu): on first use of --topology, and for the tests that compile for TPU
@@ -51,13 +53,14 @@ verb="${1:-}"
 case "$verb" in
   "")
     echo "error: ./run.sh needs a verb: a benchmark (resnet, transformer, ssd, lm), test, check," \
-      "ablate, scale, perf or install; ./run.sh --help shows how each is used" >&2
+      "package, ablate, sweep, scale, perf or install; ./run.sh --help shows how each is used" >&2
     exit 2 ;;
   -h|--help|help)
     usage; exit 0 ;;
   -*)
-    echo "error: ./run.sh $verb: the first word is a verb (a benchmark, test, check, ablate," \
-      "scale, perf or install), then its flags; ./run.sh --help shows how each is used" >&2
+    echo "error: ./run.sh $verb: the first word is a verb (a benchmark, test, check, package," \
+      "ablate, sweep, scale, perf or install), then its flags; ./run.sh --help shows how each is" \
+      "used" >&2
     exit 2 ;;
   test)
     shift; bootstrap
@@ -66,6 +69,9 @@ case "$verb" in
   check)
     shift; bootstrap
     exec "$VENV/bin/python" -m logs.compliance "$@" ;;
+  package)
+    shift; bootstrap
+    exec "$VENV/bin/python" -m logs.package "$@" ;;
   install)
     shift; bootstrap
     case "${1:-}" in
@@ -76,6 +82,10 @@ case "$verb" in
     shift; bootstrap
     if wants_topology "$@"; then install_extra tpu; fi
     exec "$VENV/bin/python" -m benchmarks.ablate "$@" ;;
+  sweep)
+    shift; bootstrap
+    if wants_topology "$@"; then install_extra tpu; fi
+    exec "$VENV/bin/python" -m benchmarks.sweep "$@" ;;
   scale)
     shift; bootstrap; install_extra tpu
     exec "$VENV/bin/python" -m benchmarks.scale "$@" ;;

@@ -34,7 +34,7 @@ NOT_CODE = ("benchmarks/scale.py", "benchmarks/scale_points.py", "benchmarks/mai
             "benchmarks/ablate.py", "benchmarks/compile_only.py", "benchmarks/compile_cache.py",
             "mesh/cost.py", "mesh/steptime.py", "mesh/hardware.py", "mesh/hlo_loops.py",
             "benchmarks/task.py", "benchmarks/config.py", "benchmarks/registry.py",
-            "benchmarks/*/config.py")
+            "benchmarks/*/config.py", "benchmarks/sweep*.py", "benchmarks/seeds.py")
 
 
 def compiled_from(rel: str) -> bool:

@@ -8,12 +8,15 @@ flag of another benchmark, an unknown flag or a value of the wrong type is bad i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import inspect
 import os
 import re
+import shutil
 import sys
+import tempfile
 import traceback
 import typing
 
@@ -21,6 +24,7 @@ from absl import flags
 
 from benchmarks import config as config_lib
 from benchmarks.registry import BENCHMARKS
+from logs import observe
 from mesh import devices, errors
 from mesh.errors import UserError
 
@@ -56,10 +60,16 @@ _run_flag(flags.DEFINE_integer, "checkpoint_every", 0,
 _run_flag(flags.DEFINE_bool, "resume", False,
           "Continue from the newest checkpoint in --output_dir.")
 _run_flag(flags.DEFINE_bool, "overwrite", False, "Replace an existing result_<run_index>.txt.")
+_run_flag(flags.DEFINE_integer, "num_runs", 1, "Runs in a row in one process: run_index K..K+N-1 "
+          "(K = --run_index) into result_K.txt ..., run i with seed --seed + i; then their times "
+          "and olympic mean (MLPerf asks 5 for resnet and ssd, 10 for transformer and lm).")
 _run_flag(flags.DEFINE_float, "progress_every_s", 5.0, "Seconds between progress lines.")
 _run_flag(flags.DEFINE_integer, "nan_check_every", 10, "Steps between fetches of the training "
           "metrics to the host; a NaN or infinite loss stops the run within this many steps "
           "(exit status 4).")
+_run_flag(flags.DEFINE_string, "profile_steps", "", "A:B: a jax.profiler trace of global steps "
+          "A to B-1 in <output_dir>/profile/run_<run_index>/ (TensorBoard's profile plugin or "
+          "Perfetto); '' for none.")
 _run_flag(flags.DEFINE_string, "coordinator_address", None, "Multi-host: host:port of process "
           "0, or 'auto' on TPU pods (also MESHPERF_COORDINATOR).")
 _run_flag(flags.DEFINE_integer, "num_processes", None, "Multi-host: number of processes.")
@@ -260,7 +270,21 @@ def _check_run_flags(name: str) -> None:
       raise UserError(f"--{flag}={FLAGS[flag].value}: must be >= 0")
   if not FLAGS.progress_every_s >= 0:
     raise UserError(f"--progress_every_s={FLAGS.progress_every_s}: seconds, >= 0")
+  observe.parse_profile_steps(FLAGS.profile_steps)   # its end against the run's steps: in setup
+  _check_num_runs()
   config_lib.check_writable("--output_dir", FLAGS.output_dir or os.path.join("runs", name))
+
+
+def _check_num_runs() -> None:
+  n = FLAGS.num_runs
+  if n < 1:
+    raise UserError(f"--num_runs={n}: at least 1 run")
+  if n > 1 and FLAGS.resume:
+    raise UserError(f"--num_runs={n} with --resume: a resumed run is not an MLPerf result; resume "
+                    f"the one run alone (--run_index=I --seed=<seed + I> --resume), then continue "
+                    f"the series with --run_index=<I + 1> and --num_runs=<what is left>")
+  if n > 1 and FLAGS.compile_only:
+    raise UserError(f"--num_runs={n} trains N runs; --compile_only trains nothing: drop one")
 
 
 def setup(argv: list[str], verb: str = "<benchmark>", run_flags: list[str] | None = None,
@@ -345,12 +369,77 @@ def main(argv: list[str]) -> int:
       submission_status=FLAGS.submission_status, checkpoint_every=FLAGS.checkpoint_every,
       submission_poc_name=FLAGS.submission_poc_name, submission_entry=FLAGS.submission_entry,
       resume=FLAGS.resume, overwrite=FLAGS.overwrite, progress_every_s=FLAGS.progress_every_s,
-      nan_check_every=FLAGS.nan_check_every)
+      nan_check_every=FLAGS.nan_check_every,
+      profile_steps=observe.parse_profile_steps(FLAGS.profile_steps))
   for flag, least in (("nan_check_every", 1), ("checkpoint_every", 0), ("run_index", 0)):
     if FLAGS[flag].value < least:
       raise UserError(f"--{flag}={FLAGS[flag].value}: must be at least {least}")
+  if FLAGS.num_runs > 1:
+    return _series(cfg, name, opts, FLAGS.num_runs)
   train.check_output(opts)
   return train.run(cfg, name, opts)["exit_status"]
+
+
+@contextlib.contextmanager
+def _compiled_once():
+  """Runs 2..N of a series compile the same train and eval steps as run 1 (the seed is an input
+  of the steps, not a constant in them), so JAX's persistent compilation cache serves them: in a
+  folder of the series' own, removed after it, unless one is set (JAX_COMPILATION_CACHE_DIR).
+  Compiling is part of the untimed init, before run_start (MLPerf training rules, "Run
+  Results"): the times to train do not change, the wall time does."""
+  import jax  # pylint: disable=import-outside-toplevel
+  if jax.config.jax_compilation_cache_dir:
+    yield
+    return
+  folder = tempfile.mkdtemp(prefix="meshperf-series-compiles-")
+  jax.config.update("jax_compilation_cache_dir", folder)
+  try:
+    yield
+  finally:
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _series(cfg, name: str, opts, n: int) -> int:
+  """--num_runs=N: run_index K..K+N-1 (K = --run_index) one after another into --output_dir, run
+  i with seed --seed + i (benchmarks.seeds); every index's outputs are checked before the first
+  starts. A run that ends other than success or epoch_limit stops the series with its status;
+  else 0 if every run reached the target, 1 if not. Prints a line per run and, at the end, the
+  times to train and their olympic mean (logs.results: MLPerf's score)."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  from benchmarks import seeds, train  # pylint: disable=import-outside-toplevel
+  from logs import results  # pylint: disable=import-outside-toplevel
+  each = [dataclasses.replace(opts, run_index=opts.run_index + k) for k in range(n)]
+  for o in each:
+    train.check_output(o)
+  say = print if jax.process_index() == 0 else (lambda *a, **k: None)
+  times, status = [], errors.EXIT_SUCCESS
+  with _compiled_once():
+    for k, o in enumerate(each):
+      run_cfg = seeds.seeded(cfg, o.run_index)
+      summary = train.run(run_cfg, name, o)
+      log = summary.get("mlperf_log") or train.result_path(o)
+      t = results.run_time(log) if os.path.exists(log) else results.RunTime(
+          log, summary["time_to_train_s"] / 60, summary["ending"] == "success", 0, run_cfg.seed)
+      times.append(t)
+      say(f"series: run {k + 1} of {n} (run_index {o.run_index}, seed {run_cfg.seed}): "
+          f"{summary['ending']}, {results.minutes_str(t.minutes)} from run_start to run_stop, "
+          f"compiled in {summary['compile_s']:.1f}s", flush=True)
+      if summary["ending"] not in train.FINISHED:
+        say(f"series: stopped: run {k + 1} of {n} ended {summary['ending']}", flush=True)
+        return summary["exit_status"]
+      if summary["ending"] != "success":
+        status = errors.EXIT_EPOCH_LIMIT
+  mean, why = results.olympic_mean(times)
+  mlperf_name = BENCHMARKS[name].spec.mlperf_name
+  need = results.required_runs(mlperf_name)
+  listed = ", ".join(f"{t.minutes:.4f}" + ("" if t.converged else " (target not reached)")
+                     for t in times)
+  say(f"series of {n} runs in {opts.output_dir}: minutes to train {listed}; "
+      + (f"olympic mean {results.minutes_str(mean)} (fastest and slowest dropped)"
+         if mean is not None else f"no olympic mean: {why}")
+      + (f"; MLPerf asks {need} runs for {mlperf_name}" if need and need != n else ""), flush=True)
+  return status
 
 
 def run_main(fn):

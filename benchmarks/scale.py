@@ -43,14 +43,8 @@ from benchmarks import registry
 from benchmarks.scale_points import CHIPS, POINTS, Point
 from mesh.errors import UserError
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRESET = "tpu-v3-2048"
 WITHIN = 0.30                      # |predicted / published - 1| within this counts as a match
-CODE_DIRS = ("mesh", "optimizations", "benchmarks")
-# Modules that choose configs or parse command lines: not part of what a point compiles.
-NOT_CODE = ("benchmarks/scale.py", "benchmarks/scale_points.py", "benchmarks/main.py",
-            "benchmarks/ablate.py")
-VERSIONED = ("jax", "jaxlib", "libtpu")
 
 FLAGS = flags.FlagValues()
 flags.DEFINE_string("chips", ",".join(map(str, CHIPS)), "Slices to predict, in chips "

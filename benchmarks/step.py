@@ -169,10 +169,10 @@ def compile_steps(task: Task, sharder: Sharder, seed: int, train_example: dict,
       "model_state": {k: v for k, v in var_shardings.items() if k != "params"},
       "opt_state": opt_shardings}
 
-  def init_state(r):
+  def init_state(r, train_r):   # both keys are arguments: one program for every seed
     variables = nn.meta.unbox(task.init(r))
     params = variables.pop("params")
-    return {"step": jnp.zeros((), jnp.int32), "rng": train_rng, "params": params,
+    return {"step": jnp.zeros((), jnp.int32), "rng": train_r, "params": params,
             "model_state": variables, "opt_state": tx.init(plan.update.view(params, ctx))}
 
   batch_shardings = {k: sharder.named(v) for k, v in task.data.names.items()}
@@ -181,7 +181,7 @@ def compile_steps(task: Task, sharder: Sharder, seed: int, train_example: dict,
       sharder.spec(task.data.names[k], (v.shape[0] * process_count,) + v.shape[1:],
                    what=f"input '{k}'")
   state_shapes = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
-                              jax.eval_shape(init_state, init_rng), state_shardings)
+                              jax.eval_shape(init_state, init_rng, train_rng), state_shardings)
   t0 = time.time()
   with use(sharder):
     train_c = jax.jit(
@@ -198,7 +198,7 @@ def compile_steps(task: Task, sharder: Sharder, seed: int, train_example: dict,
   program = Program(sharder, plan, state_shardings, state_shapes, batch_shardings, train_c,
                     eval_c, eval_device, task.host_stats, compile_s, cost.analyze(train_c),
                     cost.analyze(eval_c) if eval_c else {})
-  return program, lambda: jax.jit(init_state, out_shardings=state_shardings)(init_rng)
+  return program, lambda: jax.jit(init_state, out_shardings=state_shardings)(init_rng, train_rng)
 
 
 def _warm_start(state, partial: dict):

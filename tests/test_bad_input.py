@@ -26,6 +26,7 @@ from tests.test_transformer_data import _write_wmt14
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VERBS = {"main": [sys.executable, "-m", "benchmarks.main"],
          "ablate": [sys.executable, "-m", "benchmarks.ablate"],
+         "sweep": [sys.executable, "-m", "benchmarks.sweep"],
          "scale": [sys.executable, "-m", "benchmarks.scale"],
          "run.sh": [os.path.join(ROOT, "run.sh")]}
 # SSD on a COCO folder: a model and batch that would pass every other check. One device and
@@ -115,6 +116,11 @@ def inputs(tmp_path_factory, coco, imagenet_dir):  # noqa: F811
   (root / "logs" / "edited.txt").write_text("\n".join([lines[0], lines[1][:40], lines[2]]) + "\n")
   (root / "logs" / "bert.txt").write_text(_mllog("submission_benchmark", "bert") + "\n")
   (root / "logs" / "empty").mkdir()
+  # The folder of a sweep of other settings (benchmarks/sweep.py: its state's first line).
+  (root / "sweep").mkdir()
+  (root / "sweep" / "sweep.jsonl").write_text(json.dumps({"sweep": {
+      "benchmark": "resnet", "depth": "throughput", "steps": 7, "rounds": 3}}) + "\n")
+  d["other_sweep"] = str(root / "sweep")
   yield d
   if os.geteuid() != 0:
     os.chmod(d["unwritable"], 0o700)
@@ -228,6 +234,18 @@ CASES = [
     ("main", ["lm", "--base_learning_rate=0"], "--base_learning_rate=0.0: must be positive"),
     ("main", ["lm", "--end_learning_rate=1"], "--end_learning_rate=1.0 is above"),
     ("ablate", ["ssd", "--base_learning_rate=-0.5"], "--base_learning_rate=-0.5: must be positive"),
+    ("sweep", ["resnet", "--optimizations_grid=turbo"],
+     "--optimizations_grid: unknown optimization 'turbo'"),
+    ("sweep", ["resnet", "--layouts=batch:data||batch:x"], "--layouts=batch:data||batch:x: item 2 "
+                                                           "is empty; separate layouts with '|'"),
+    ("sweep", ["resnet", "--layouts=batch:data|x:4,y:2@batch:x+"],
+     "--layouts: item 2 'x:4,y:2@batch:x+'"),
+    ("sweep", ["resnet", "--layouts=x:3@batch:x"], "mesh 'x:3' has 3 devices but 8 are available"),
+    ("sweep", ["resnet", "--steps=-1"], "--steps=-1: timed steps per variant per round, >= 0"),
+    ("sweep", ["resnet", "--to_target", "--num_runs=0"], "--num_runs=0: at least 1 run"),
+    ("sweep", ["resnet", "--output_dir={other_sweep}"],
+     "--output_dir={other_sweep} holds a sweep with other settings (depth: throughput there, "
+     "compile here; steps: 7 there, 0 here"),
     ("main", ["resnet", "--num_cpu_devices=-1"], "--num_cpu_devices=-1: simulate N >= 1 CPU"),
     ("main", ["ssd", "--backbone_checkpoint={garbage_npz}"],
      "--backbone_checkpoint={garbage_npz}: not an .npz file (not a zip archive)"),
@@ -265,6 +283,20 @@ CASES = [
     ("main", ["transformer", "--dataset=text", "--data_dir={root}/uneven", "--eval_split=train"],
      "train.en has 40 lines but train.de has 39"),
     ("main", ["lm", "--dataset=text", "--data_dir={root}/empty_lm"], "train.txt has no text"),
+    # --- series and packages (a NOT A RESULT log: tests/test_package.py) ------------------------
+    ("main", ["resnet", "--num_runs=0"], "--num_runs=0: at least 1 run"),
+    ("main", ["resnet", "--num_runs=2", "--resume"],
+     "--num_runs=2 with --resume: a resumed run is not an MLPerf result"),
+    ("run.sh", ["package"], "name the run folders: ./run.sh package <run folder>"),
+    ("run.sh", ["package", "{root}/missing"], "{root}/missing does not exist; pass run folders"),
+    ("run.sh", ["package", "{root}/logs/empty"], "no result_*.txt in {root}/logs/empty"),
+    ("run.sh", ["package", "{root}/logs/cut"], "its last line (line 3) is cut off mid-record"),
+    ("run.sh", ["package", "{root}/logs/cut", "--rulset=1.0.0"], "unknown flag --rulset"),
+    ("main", ["resnet", "--profile_steps=5:3"], "--profile_steps=5:3: B must be greater than A"),
+    ("main", ["resnet", "--profile_steps=x"], "--profile_steps=x: write A:B"),
+    ("main", ["resnet", "--profile_steps=-1:2"], "--profile_steps=-1:2: global steps count from 0"),
+    ("main", ["resnet", "--profile_steps=0:100000"],
+     "--profile_steps=0:100000: the run has 880 steps"),
 ]
 
 
@@ -303,7 +335,7 @@ def test_bad_input(inputs, tmp_path, verb, args, needle):
   def fill(text):
     return text.format(**inputs, out=out)
   args = [fill(a) for a in args]
-  if verb in ("main", "ablate") or (verb == "run.sh" and args and args[0] in
+  if verb in ("main", "ablate", "sweep") or (verb == "run.sh" and args and args[0] in
                                     ("resnet", "transformer", "ssd", "lm")):
     if not any(a.startswith("--output_dir") for a in args):
       args.append(f"--output_dir={out}")
