@@ -102,7 +102,7 @@ def gather(folders: list[str]) -> list[Run]:
       except (OSError, ValueError):
         raise UserError(f"{log}: no readable {name} beside it (a run writes both); pass the "
                         f"run's whole --output_dir") from None
-      runs.append(Run(log, summary, res.run_time(log), _logged(records)))
+      runs.append(Run(log, summary, res.run_time(log, records), _logged(records)))
   for key in ("benchmark", "division", "platform"):
     seen = {}
     for r in runs:

@@ -34,10 +34,11 @@ class RunTime:
   seed: int | None
 
 
-def run_time(path: str) -> RunTime:
-  """The run of a result log (UserError when it is not a whole log with run_start and run_stop)."""
+def run_time(path: str, records: list[dict] | None = None) -> RunTime:
+  """The run of a result log (UserError when it is not a whole log with run_start and run_stop).
+  `records`: the log's records when the caller has read them already (`compliance.read_log`)."""
   from mesh.errors import UserError  # pylint: disable=import-outside-toplevel
-  records = compliance.read_log(path)
+  records = compliance.read_log(path) if records is None else records
   at = {r["key"]: r for r in records if r["key"] in ("run_start", "run_stop", "seed")}
   if "run_start" not in at or "run_stop" not in at:
     missing = "run_start" if "run_start" not in at else "run_stop"
