@@ -58,8 +58,7 @@ flags.DEFINE_integer("steps", 0, "Timed training steps per variant per round (0:
 flags.DEFINE_integer("rounds", 3, "Timing rounds, each variant taking turns with its baseline.")
 flags.DEFINE_bool("to_target", False, "Train each variant to its quality target (--num_runs "
                   "seeds each) instead of timing steps.")
-if "num_runs" not in FLAGS:    # one flag for a series of seeds, whoever defines it
-  flags.DEFINE_integer("num_runs", 1, "With --to_target: runs per variant, seeds --seed + i.")
+# --num_runs is the run flag of benchmarks.main (imported above): here, runs per variant.
 SWEEP_FLAGS = ["optimizations_grid", "layouts", "steps", "rounds", "to_target", "num_runs"]
 NOT_FOR_SWEEPS = {"resume": "a sweep resumes by itself: rerun it with the same --output_dir",
                   "overwrite": "choose a new --output_dir", "run_index": "runs are numbered by "
