@@ -65,8 +65,8 @@ _run_flag(flags.DEFINE_integer, "num_runs", 1, "Runs in a row in one process: ru
           "and olympic mean (MLPerf asks 5 for resnet and ssd, 10 for transformer and lm).")
 _run_flag(flags.DEFINE_float, "progress_every_s", 5.0, "Seconds between progress lines.")
 _run_flag(flags.DEFINE_integer, "nan_check_every", 10, "Steps between fetches of the training "
-          "metrics to the host; a NaN or infinite loss stops the run within this many steps "
-          "(exit status 4).")
+          "metrics to the host (each fetch leaves the newest step on the device); a NaN or "
+          "infinite loss stops the run within this many steps plus one (exit status 4).")
 _run_flag(flags.DEFINE_string, "profile_steps", "", "A:B: a jax.profiler trace of global steps "
           "A to B-1 in <output_dir>/profile/run_<run_index>/ (TensorBoard's profile plugin or "
           "Perfetto); '' for none.")

@@ -8,7 +8,11 @@
   same step and the checkpoint save, a collective, cannot hang.
 - `Window`: the step's metrics stay on the device; every `every` steps (and at the end of each
   block) the window's metrics come to the host in one fetch, and a non-finite loss there stops
-  the run within `every` steps of the first bad one, naming that step (`Diverged`, status 4).
+  the run within `every` + `lag` steps of the first bad one, naming that step (`Diverged`,
+  status 4). The fetch leaves the newest `lag` steps on the device: the host waits only for a
+  step that the device finished while it ran the next one, so the device's queue never drains
+  at a fetch (fetching the newest step would idle the device for the host's work after the
+  fetch and the next dispatch: 14% of a 10 ms step, `python -m benchmarks.perf_loop short`).
 """
 
 from __future__ import annotations
@@ -67,8 +71,8 @@ class Signals:
 class Window:
   """Training metrics kept on the device and fetched every `every` steps in one transfer."""
 
-  def __init__(self, every: int):
-    self.every = max(1, every)
+  def __init__(self, every: int, lag: int = 1):
+    self.every, self.lag = max(1, every), max(0, lag)
     self.pending: list[tuple[int, Any]] = []
     self.fetched: list[tuple[int, dict]] = []     # the last fetch: (global step, host metrics)
     self.start = time.time()
@@ -77,19 +81,23 @@ class Window:
     self.pending.append((step, metrics))
 
   def full(self) -> bool:
-    return len(self.pending) >= self.every
+    """`every` steps wait to be fetched, besides the newest `lag`."""
+    return len(self.pending) >= self.every + self.lag
 
-  def fetch(self, step_times: list[float]) -> tuple[dict, Stop | None]:
-    """The window's metrics on the host (the last step's) and a Stop at the first non-finite
-    loss. Appends each step's share of the window's wall time to `step_times`."""
-    if not self.pending:
+  def fetch(self, step_times: list[float], drain: bool = True) -> tuple[dict, Stop | None]:
+    """The window's metrics on the host (the last fetched step's) and a Stop at the first
+    non-finite loss; all pending steps if `drain` (a block's end, a signal), else all but the
+    newest `lag`. Appends each fetched step's share of the wall time since the last fetch to
+    `step_times` (a fetch returns when its last step is done, so these shares add up)."""
+    n = len(self.pending) if drain else len(self.pending) - self.lag
+    if n <= 0:
       return {}, None
-    fetched = jax.device_get([m for _, m in self.pending])
+    taken, self.pending = self.pending[:n], self.pending[n:]
+    fetched = jax.device_get([m for _, m in taken])
     now = time.time()
     step_times.extend([(now - self.start) / len(fetched)] * len(fetched))
     self.start = now
-    steps = [s for s, _ in self.pending]
-    self.pending = []
+    steps = [s for s, _ in taken]
     self.fetched = list(zip(steps, fetched))
     for s, m in zip(steps, fetched):
       loss = float(m["loss"])

@@ -51,7 +51,7 @@ class RunOptions:
   resume: bool = False
   overwrite: bool = False
   progress_every_s: float = 5.0
-  nan_check_every: int = 10         # steps between metric fetches (a NaN stops the run within)
+  nan_check_every: int = 10         # steps between metric fetches (a NaN stops the run within, +1)
   prefetch: int = 2                 # batches prepared and placed on the devices ahead of the step
   quiet: bool = False
   profile_steps: tuple[int, int] | None = None   # (A, B): a jax.profiler trace of steps A..B-1
@@ -517,13 +517,19 @@ def _train_block(program: Program, state, block: Block, batches, log: MLPerfLog,
     last = k == block.steps - 1
     asked = signals.received if single else None
     if window.full() or last or asked:
-      metrics, stop = window.fetch(step_times)
+      metrics, stop = window.fetch(step_times, drain=bool(last or asked))
       observer.window(window.fetched, step_times)
       if stop is not None:
         return state, metrics, stop
-      progress.maybe_print(step + 1, step_times, {"loss": metrics["loss"], "lr": metrics["lr"]})
+      progress.maybe_print(window.fetched[-1][0] + 1, step_times,
+                           {"loss": metrics["loss"], "lr": metrics["lr"]})
       got = asked or (None if single else signals.agreed())
       if got and not last:
+        if window.pending:          # another process's signal: this one's newest step too
+          metrics, stop = window.fetch(step_times)
+          observer.window(window.fetched, step_times)
+          if stop is not None:
+            return state, metrics, stop
         return state, metrics, stops.Stop("preempted", step + 1, f"{got} at step {step + 1}")
     if spec.cadence == "epochs" and i == per_epoch - 1:
       log.end(C.EPOCH_STOP, metadata={C.EPOCH_NUM: epoch + 1})

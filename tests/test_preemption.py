@@ -4,7 +4,8 @@
   summary.json, exit status 5; `--resume` continues in its own log and ends with parameters
   bit-identical to an uninterrupted run's.
 - SIGKILL mid-epoch and right after an epoch's checkpoint: `--resume` ends bit-identical too.
-- A NaN loss stops the run within --nan_check_every steps with status 4, naming the step.
+- A NaN loss stops the run within --nan_check_every (+1, the step left on the device) steps with
+  status 4, naming the step.
 - `--resume` of a finished run refuses; `--overwrite` starts clean.
 """
 
