@@ -17,7 +17,10 @@ a rotating order (so slow drift in the machine's load falls on all four alike):
 
 Target 2 is harness / bare (and loop / bare); target 4 is bare / 1 device. Each round times
 `steps` steps of each (more where the bare step takes under 1 s for them, so a round of a fast
-benchmark is not all noise); the report gives per-round ratio medians and quartiles.
+benchmark is not all noise, and at least one more than the loop's metrics window, so each block
+fetches metrics mid-block as a run's epochs do); the report gives per-round ratio medians and
+quartiles, and where the harness's host time goes: the main thread's CPU per step, the prefetch
+thread's CPU per batch, and the steps dispatched onto an idle device (`_Watched`).
 """
 
 from __future__ import annotations
@@ -80,6 +83,11 @@ class _Runner:
     self.observer = observe.Observer(os.path.join(log_dir, name), 0, self.cfg.global_batch_size)
     self.signals = None
     self.data = data
+    self.watched = _Watched(self.program)
+    from benchmarks import stops  # pylint: disable=import-outside-toplevel
+    window = stops.Window(train.RunOptions.__dataclass_fields__["nan_check_every"].default)
+    self.window_steps = window.every + window.lag     # steps that make the loop fetch
+    self.window_args: dict = {}       # e.g. {"lag": 0}: `benchmarks.perf_variants` window
 
   def close(self):
     self.real.close()
@@ -99,9 +107,10 @@ class _Runner:
     step_times: list[float] = []
     with contextlib.redirect_stdout(io.StringIO()):
       self.state, _, stop = train._train_block(  # pylint: disable=protected-access
-          self.program, self.state, block, _Renumbered(batches, self), self.log,
+          self.watched, self.state, block, _Renumbered(batches, self), self.log,
           self.entry.spec, progress, step_times,
-          stops.Window(opts["nan_check_every"].default), self.signals, self.observer)
+          stops.Window(opts["nan_check_every"].default, **self.window_args), self.signals,
+          self.observer)
     if stop is not None:
       raise RuntimeError(f"stopped in the perf loop: {stop.detail}")
     self.step_no += self.steps
@@ -128,6 +137,28 @@ class _Runner:
 
   def one_device(self) -> None:
     self.state1 = self._steps(self.program1, self.state1, self.batch1)
+
+
+class _Watched:
+  """The program as the loop calls it, counting the steps dispatched onto an idle device: the
+  previous step's outputs were already done when the loop called the next, so the device had
+  waited for the host (a fetch of the newest step's metrics, a batch not ready, the loop's own
+  work). A loop that never makes the device wait counts none after its first step."""
+
+  def __init__(self, program):
+    self.program, self.last, self.idle, self.calls = program, None, 0, 0
+
+  def train(self, state, batch):
+    if self.last is not None and all(x.is_ready() for x in _leaves(self.last)):
+      self.idle += 1
+    self.calls += 1
+    state, self.last = self.program.train(state, batch)
+    return state, self.last
+
+
+def _leaves(tree):
+  import jax  # pylint: disable=import-outside-toplevel
+  return jax.tree.leaves(tree)
 
 
 class _Renumbered:
@@ -159,19 +190,35 @@ def measure_one(name: str, devs, rounds: int, steps: int, warmup: int, log_dir: 
     for way in WAYS:       # first calls: placement, first batches, warm caches
       for _ in range(warmup):
         getattr(r, way)()
-    # Rounds of at least min_round_s each: a round of a few 60 ms steps is all noise.
+    # Rounds of at least min_round_s each: a round of a few 60 ms steps is all noise. And each
+    # harness block holds a metrics fetch before its last step, as a run's epoch holds many: a
+    # block shorter than the window would only fetch at its end, where the bare step waits too.
     t0 = time.perf_counter()
     r.bare()
-    r.steps = steps = max(steps, math.ceil(min_round_s * r.steps / (time.perf_counter() - t0)))
+    r.steps = steps = max(steps, math.ceil(min_round_s * r.steps / (time.perf_counter() - t0)),
+                          r.window_steps + 1)
     wall = {w: [] for w in WAYS}
     cpu = {w: [] for w in WAYS}
+    host = {w: [] for w in WAYS}      # the main thread's CPU: the loop's own work and dispatch
+    feed = {"harness": [], "loop": []}   # the prefetch thread's CPU: pipeline and transfer
+    feeders = {"harness": r.real, "loop": r.cached}
+    idle = {w: 0 for w in feeders}
+    dispatched = {w: 0 for w in feeders}
     for k in range(rounds):
       order = WAYS[k % len(WAYS):] + WAYS[:k % len(WAYS)]
       for way in order:
-        t0, c0 = time.perf_counter(), time.process_time()
+        f = feeders.get(way)
+        f0 = (f.cpu_s, f.produced) if f else None
+        r.watched.last, idle0, calls0 = None, r.watched.idle, r.watched.calls
+        t0, c0, h0 = time.perf_counter(), time.process_time(), time.thread_time()
         getattr(r, way)()
         wall[way].append((time.perf_counter() - t0) / steps)
         cpu[way].append((time.process_time() - c0) / steps)
+        host[way].append((time.thread_time() - h0) / steps)
+        if f:
+          feed[way].append((f.cpu_s - f0[0]) / max(1, f.produced - f0[1]))
+          idle[way] += r.watched.idle - idle0
+          dispatched[way] += r.watched.calls - calls0 - 1   # the first of a way has no previous
       say(f"    {name} round {k + 1}/{rounds}: " + ", ".join(
           f"{w} {wall[w][-1] * 1e3:.1f} ms" for w in WAYS))
   finally:
@@ -187,6 +234,9 @@ def measure_one(name: str, devs, rounds: int, steps: int, warmup: int, log_dir: 
       "steps_per_round": steps, "rounds": rounds,
       "ms_per_step": {w: statistics.median(v) * 1e3 for w, v in wall.items()},
       "cpu_ms_per_step": {w: statistics.median(v) * 1e3 for w, v in cpu.items()},
+      "host_ms_per_step": {w: statistics.median(v) * 1e3 for w, v in host.items()},
+      "feed_cpu_ms_per_batch": {w: statistics.median(v) * 1e3 for w, v in feed.items()},
+      "idle_dispatches": idle, "dispatches": dispatched,
       "ms_per_step_rounds": {w: [t * 1e3 for t in v] for w, v in wall.items()},
       "ratio": {k: statistics.median(v) for k, v in ratios.items()},
       "ratio_quartiles": {k: quartiles(v) for k, v in ratios.items()},
@@ -207,7 +257,13 @@ def measure(say, names=("resnet", "transformer", "ssd", "lm"), rounds: int = 12,
       out[name] = measure_one(name, devs, rounds, steps, warmup, log_dir, say)
       m = out[name]
       say(f"    {name}: harness / bare {m['ratio']['harness']:.3f}, loop / bare "
-          f"{m['ratio']['loop']:.3f}, {len(devs)} / 1 device {m['ratio']['scaling']:.2f}")
+          f"{m['ratio']['loop']:.3f}, {len(devs)} / 1 device {m['ratio']['scaling']:.2f}; "
+          f"main thread ms/step harness {m['host_ms_per_step']['harness']:.2f}, loop "
+          f"{m['host_ms_per_step']['loop']:.2f}, bare {m['host_ms_per_step']['bare']:.2f}; "
+          f"prefetch thread ms/batch {m['feed_cpu_ms_per_batch']['harness']:.1f} (cached "
+          f"{m['feed_cpu_ms_per_batch']['loop']:.1f}); steps dispatched onto an idle device "
+          f"{m['idle_dispatches']['harness']} of {m['dispatches']['harness']} (cached "
+          f"{m['idle_dispatches']['loop']} of {m['dispatches']['loop']})")
   return out
 
 
@@ -248,4 +304,19 @@ def markdown(result: dict[str, Any]) -> list[str]:
                  f"{t['loop']:.1f} | {t['bare']:.1f} | {t['one_device']:.1f} | "
                  f"{r['harness']:.3f} | {r['loop']:.3f} | {r['scaling']:.2f} | "
                  f"{c['harness']:.0f} / {c['bare']:.0f} |")
+  lines += ["", ("Where the harness's host time goes (medians of rounds): the main thread's CPU "
+                 "per step (the loop's own work and the dispatch; the devices compute on other "
+                 "threads), the prefetch thread's CPU per batch (the pipeline and the transfer), "
+                 "and the steps the loop dispatched onto an idle device (the previous step "
+                 "already done: the device had waited for the host):"), "",
+            ("| benchmark | bare step ms | main thread ms/step: harness / loop / bare | "
+             "prefetch thread ms/batch: real / cached | idle-device dispatches: harness / "
+             "loop |"),
+            "|---|---|---|---|---|"]
+  for name, m in result.items():
+    h, f, i, d = (m["host_ms_per_step"], m["feed_cpu_ms_per_batch"], m["idle_dispatches"],
+                  m["dispatches"])
+    lines.append(f"| {name} | {m['ms_per_step']['bare']:.1f} | {h['harness']:.2f} / "
+                 f"{h['loop']:.2f} / {h['bare']:.2f} | {f['harness']:.1f} / {f['loop']:.1f} | "
+                 f"{i['harness']} of {d['harness']} / {i['loop']} of {d['loop']} |")
   return lines

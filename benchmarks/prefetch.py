@@ -24,6 +24,8 @@ class Prefetch:
   def __init__(self, items: Iterator[Any], depth: int = 2):
     self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
     self._stop = threading.Event()
+    self.cpu_s = 0.0      # the producer thread's CPU seconds (the pipeline's and transfer's)
+    self.produced = 0
     self._thread = threading.Thread(target=self._produce, args=(items,), daemon=True,
                                     name="meshperf-prefetch")
     self._thread.start()
@@ -38,10 +40,19 @@ class Prefetch:
     return False
 
   def _produce(self, items) -> None:
+    items = iter(items)
     try:
-      for item in items:
+      while True:
+        c0 = time.thread_time()
+        try:
+          item = next(items)
+        finally:
+          self.cpu_s += time.thread_time() - c0
+        self.produced += 1
         if not self._put((item, None)):
           return
+    except StopIteration:
+      pass
     except BaseException as e:  # pylint: disable=broad-except
       self._put((None, e))
       return
