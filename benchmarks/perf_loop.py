@@ -2,25 +2,30 @@
 devices against 1, for every benchmark's CPU default.
 
 For each benchmark the CPU default's program is compiled twice (over all devices, and over one
-device at the same global batch) and four ways of running steps take turns, round by round, in
-a rotating order (so slow drift in the machine's load falls on all four alike):
+device at the same global batch) and five ways of running steps take turns, round by round, in
+a rotating order (so slow drift in the machine's load falls on all alike):
 
   harness  `benchmarks.train._train_block`, the loop `./run.sh` runs: the real input pipeline
            behind the prefetch thread, MLPerf epoch events into a real log file, the metrics
-           window (`--nan_check_every`), progress lines, the signal check; checkpoints off.
+           window (`--nan_check_every`), TensorBoard events, progress lines, the signal check;
+           checkpoints off.
   loop     the same loop fed from a few batches read once and cycled: the loop's own cost
            without the input pipeline's CPU time (on this CPU-only backend the pipeline runs on
            the cores that also run the "devices"; on a GPU or TPU host it does not).
+  fed      the bare step fed those cached batches by the same prefetch thread, without the
+           loop: what placing a new batch for every step costs, which any loop that trains on
+           data pays (loop / fed is the loop's own cost).
   bare     the same compiled step called on one placed batch, nothing else, the last result
            waited for.
   1 device the same benchmark compiled over one device, bare, same global batch.
 
-Target 2 is harness / bare (and loop / bare); target 4 is bare / 1 device. Each round times
-`steps` steps of each (more where the bare step takes under 1 s for them, so a round of a fast
-benchmark is not all noise, and at least one more than the loop's metrics window, so each block
-fetches metrics mid-block as a run's epochs do); the report gives per-round ratio medians and
-quartiles, and where the harness's host time goes: the main thread's CPU per step, the prefetch
-thread's CPU per batch, and the steps dispatched onto an idle device (`_Watched`).
+Target 2 is harness / bare (with loop / bare, fed / bare and loop / fed beside it); target 4 is
+bare / 1 device. Each round times `steps` steps of each (more where the bare step takes under
+1 s for them, so a round of a fast benchmark is not all noise, and at least one more than the
+loop's metrics window, so each block fetches metrics mid-block as a run's epochs do); the report
+gives per-round ratio medians and quartiles, and where the harness's host time goes: the main
+thread's CPU per step, the prefetch thread's CPU per batch, the process's CPU per step, and the
+steps dispatched onto an idle device (`_Watched`).
 """
 
 from __future__ import annotations
@@ -123,6 +128,19 @@ class _Runner:
     self._block(self.cached)
     self.cached.wait_filled()
 
+  def fed(self) -> None:
+    """The bare step fed the loop's cached batches by the prefetch thread, without the loop:
+    what placing a new batch on the devices for every step costs (on this backend a copy on the
+    cores that also run the devices)."""
+    state, m = self.state, None
+    for _ in range(self.steps):
+      _, batch = next(self.cached)
+      state, m = self.watched.train(state, batch)
+    self.jax.block_until_ready((state, m))
+    self.state = state
+    self.step_no += self.steps
+    self.cached.wait_filled()
+
   def _steps(self, program, state, batch):
     """`self.steps` calls of the compiled step on one placed batch, the last waited for."""
     m = None
@@ -178,7 +196,7 @@ class _Renumbered:
     return step, batch
 
 
-WAYS = ("harness", "loop", "bare", "one_device")
+WAYS = ("harness", "loop", "fed", "bare", "one_device")
 
 
 def measure_one(name: str, devs, rounds: int, steps: int, warmup: int, log_dir: str,
@@ -200,8 +218,8 @@ def measure_one(name: str, devs, rounds: int, steps: int, warmup: int, log_dir: 
     wall = {w: [] for w in WAYS}
     cpu = {w: [] for w in WAYS}
     host = {w: [] for w in WAYS}      # the main thread's CPU: the loop's own work and dispatch
-    feed = {"harness": [], "loop": []}   # the prefetch thread's CPU: pipeline and transfer
-    feeders = {"harness": r.real, "loop": r.cached}
+    feeders = {"harness": r.real, "loop": r.cached, "fed": r.cached}
+    feed = {w: [] for w in feeders}   # the prefetch thread's CPU: pipeline and transfer
     idle = {w: 0 for w in feeders}
     dispatched = {w: 0 for w in feeders}
     for k in range(rounds):
@@ -227,6 +245,8 @@ def measure_one(name: str, devs, rounds: int, steps: int, warmup: int, log_dir: 
   ratios = {
       "harness": [h / b for h, b in zip(wall["harness"], wall["bare"])],
       "loop": [h / b for h, b in zip(wall["loop"], wall["bare"])],
+      "fed": [h / b for h, b in zip(wall["fed"], wall["bare"])],
+      "loop_own": [h / b for h, b in zip(wall["loop"], wall["fed"])],
       "scaling": [b / o for b, o in zip(wall["bare"], wall["one_device"])],
   }
   return {
@@ -257,13 +277,11 @@ def measure(say, names=("resnet", "transformer", "ssd", "lm"), rounds: int = 12,
       out[name] = measure_one(name, devs, rounds, steps, warmup, log_dir, say)
       m = out[name]
       say(f"    {name}: harness / bare {m['ratio']['harness']:.3f}, loop / bare "
-          f"{m['ratio']['loop']:.3f}, {len(devs)} / 1 device {m['ratio']['scaling']:.2f}; "
-          f"main thread ms/step harness {m['host_ms_per_step']['harness']:.2f}, loop "
-          f"{m['host_ms_per_step']['loop']:.2f}, bare {m['host_ms_per_step']['bare']:.2f}; "
-          f"prefetch thread ms/batch {m['feed_cpu_ms_per_batch']['harness']:.1f} (cached "
-          f"{m['feed_cpu_ms_per_batch']['loop']:.1f}); steps dispatched onto an idle device "
-          f"{m['idle_dispatches']['harness']} of {m['dispatches']['harness']} (cached "
-          f"{m['idle_dispatches']['loop']} of {m['dispatches']['loop']})")
+          f"{m['ratio']['loop']:.3f}, fed / bare {m['ratio']['fed']:.3f}, loop / fed "
+          f"{m['ratio']['loop_own']:.3f}, {len(devs)} / 1 device {m['ratio']['scaling']:.2f}; "
+          f"main thread ms/step harness {m['host_ms_per_step']['harness']:.2f}, bare "
+          f"{m['host_ms_per_step']['bare']:.2f}; steps dispatched onto an idle device "
+          f"{m['idle_dispatches']['harness']} of {m['dispatches']['harness']}")
   return out
 
 
@@ -277,7 +295,10 @@ def rows(result: dict[str, Any]) -> list[dict[str, Any]]:
         "met": m["ratio"]["harness"] <= HARNESS_GOAL,
         "detail": (f"quartiles {q['harness'][0]:.3f}-{q['harness'][1]:.3f}; loop without the "
                    f"input pipeline {m['ratio']['loop']:.3f} ({q['loop'][0]:.3f}-"
-                   f"{q['loop'][1]:.3f}); bare {m['ms_per_step']['bare']:.1f} ms/step")})
+                   f"{q['loop'][1]:.3f}); bare step fed new batches {m['ratio']['fed']:.3f}; "
+                   f"loop / fed {m['ratio']['loop_own']:.3f}; steps dispatched onto an idle "
+                   f"device {m['idle_dispatches']['harness']} of "
+                   f"{m['dispatches']['harness']}; bare {m['ms_per_step']['bare']:.1f} ms/step")})
   for name, m in result.items():
     q = m["ratio_quartiles"]["scaling"]
     ref = REFERENCE_SCALING.get(name)
@@ -293,30 +314,33 @@ def rows(result: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def markdown(result: dict[str, Any]) -> list[str]:
-  lines = ["", "Targets 2 and 4, each benchmark's CPU default (ms per step, medians of rounds; "
-           "ratios: medians of per-round ratios):", "",
-           "| benchmark | devices | global batch | harness | loop (cached batches) | bare step | "
-           "1 device | harness / bare | loop / bare | N / 1 device | CPU ms/step harness / "
-           "bare |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+  lines = ["", ("Targets 2 and 4, each benchmark's CPU default (ms per step, medians of rounds; "
+                "ratios: medians of per-round ratios):"), "",
+           ("| benchmark | devices | global batch | harness | loop (cached batches) | fed | "
+            "bare step | 1 device | harness / bare | loop / bare | fed / bare | loop / fed | "
+            "N / 1 device |"),
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for name, m in result.items():
-    t, r, c = m["ms_per_step"], m["ratio"], m["cpu_ms_per_step"]
+    t, r = m["ms_per_step"], m["ratio"]
     lines.append(f"| {name} | {m['devices']} | {m['global_batch']} | {t['harness']:.1f} | "
-                 f"{t['loop']:.1f} | {t['bare']:.1f} | {t['one_device']:.1f} | "
-                 f"{r['harness']:.3f} | {r['loop']:.3f} | {r['scaling']:.2f} | "
-                 f"{c['harness']:.0f} / {c['bare']:.0f} |")
-  lines += ["", ("Where the harness's host time goes (medians of rounds): the main thread's CPU "
-                 "per step (the loop's own work and the dispatch; the devices compute on other "
-                 "threads), the prefetch thread's CPU per batch (the pipeline and the transfer), "
-                 "and the steps the loop dispatched onto an idle device (the previous step "
-                 "already done: the device had waited for the host):"), "",
-            ("| benchmark | bare step ms | main thread ms/step: harness / loop / bare | "
-             "prefetch thread ms/batch: real / cached | idle-device dispatches: harness / "
-             "loop |"),
+                 f"{t['loop']:.1f} | {t['fed']:.1f} | {t['bare']:.1f} | "
+                 f"{t['one_device']:.1f} | {r['harness']:.3f} | {r['loop']:.3f} | "
+                 f"{r['fed']:.3f} | {r['loop_own']:.3f} | {r['scaling']:.2f} |")
+  lines += ["", ("Where the harness's host time goes (medians of rounds): the process's CPU per "
+                 "step (the devices' threads included), the main thread's CPU per step (the "
+                 "loop's own work and the dispatch; the devices compute on other threads), the "
+                 "prefetch thread's CPU per batch (the pipeline and the transfer), and the steps "
+                 "the loop dispatched onto an idle device (the previous step already done: the "
+                 "device had waited for the host):"), "",
+            ("| benchmark | process CPU ms/step: harness / loop / fed / bare | main thread "
+             "ms/step: harness / loop / bare | prefetch thread ms/batch: real / cached | "
+             "idle-device dispatches: harness / loop |"),
             "|---|---|---|---|---|"]
   for name, m in result.items():
-    h, f, i, d = (m["host_ms_per_step"], m["feed_cpu_ms_per_batch"], m["idle_dispatches"],
-                  m["dispatches"])
-    lines.append(f"| {name} | {m['ms_per_step']['bare']:.1f} | {h['harness']:.2f} / "
-                 f"{h['loop']:.2f} / {h['bare']:.2f} | {f['harness']:.1f} / {f['loop']:.1f} | "
-                 f"{i['harness']} of {d['harness']} / {i['loop']} of {d['loop']} |")
+    c, h, f, i, d = (m["cpu_ms_per_step"], m["host_ms_per_step"], m["feed_cpu_ms_per_batch"],
+                     m["idle_dispatches"], m["dispatches"])
+    lines.append(f"| {name} | {c['harness']:.0f} / {c['loop']:.0f} / {c['fed']:.0f} / "
+                 f"{c['bare']:.0f} | {h['harness']:.2f} / {h['loop']:.2f} / {h['bare']:.2f} | "
+                 f"{f['harness']:.1f} / {f['loop']:.1f} | {i['harness']} of {d['harness']} / "
+                 f"{i['loop']} of {d['loop']} |")
   return lines

@@ -110,5 +110,13 @@ def test_quick_run_writes_its_reports_and_the_last_line(tmp_path):
   loop = parts["loop"]["resnet"]
   assert loop["ratio"]["harness"] > 0 and loop["ratio"]["scaling"] > 0
   assert len(loop["ms_per_step_rounds"]["bare"]) == 2
+  # Each harness block is longer than the metrics window (a fetch inside it), and every step
+  # after a way's first was checked for an idle device.
+  steps = loop["steps_per_round"]
+  assert steps >= 12
+  assert loop["dispatches"]["harness"] == loop["dispatches"]["loop"] == 2 * (steps - 1)
+  assert 0 <= loop["idle_dispatches"]["harness"] <= loop["dispatches"]["harness"]
+  assert loop["ratio"]["fed"] > 0 and loop["ratio"]["loop_own"] > 0
+  assert loop["host_ms_per_step"]["harness"] > 0 and loop["feed_cpu_ms_per_batch"]["harness"] > 0
   md = (out / "perf.md").read_text()
   assert last in md and "| 8 |" in md and "| 1 |" in md
