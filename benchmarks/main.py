@@ -396,6 +396,7 @@ def _compiled_once():
   try:
     yield
   finally:
+    jax.config.update("jax_compilation_cache_dir", None)   # not left naming a removed folder
     shutil.rmtree(folder, ignore_errors=True)
 
 

@@ -167,3 +167,20 @@ def test_olympic_mean_follows_mlperf_rules():
                                     _run(0.5, False)])
   assert mean is None and "2 of 5 runs did not reach the target" in why
   assert results.olympic_mean([_run(1), _run(2)])[0] is None
+
+
+def test_a_series_compile_cache_is_removed_and_no_longer_named():
+  import jax  # pylint: disable=import-outside-toplevel
+
+  from benchmarks import main  # pylint: disable=import-outside-toplevel
+  before = jax.config.jax_compilation_cache_dir     # the test session's (tests/conftest.py)
+  jax.config.update("jax_compilation_cache_dir", None)   # as a run without one starts
+  try:
+    with main._compiled_once():  # pylint: disable=protected-access
+      folder = jax.config.jax_compilation_cache_dir
+      assert folder and os.path.isdir(folder)
+    assert not os.path.exists(folder)
+    assert jax.config.jax_compilation_cache_dir is None
+    assert float(jax.jit(lambda x: x + 1)(1.0)) == 2.0     # compiling afterwards still works
+  finally:
+    jax.config.update("jax_compilation_cache_dir", before)
