@@ -17,6 +17,7 @@ import re
 import shutil
 import sys
 import tempfile
+import time
 import traceback
 import typing
 
@@ -448,25 +449,26 @@ def run_main(fn):
   a RunEnded (peer lost, checkpoint failed, ...): one `error:` line and its own status; an
   unexpected error: its traceback and status 3 (statuses: `mesh.errors`, README "Exit
   statuses")."""
+  last = None                     # the process's last words on stderr
   try:
     code = fn(sys.argv)
   except UserError as e:
-    print(f"error: {e}", file=sys.stderr)
-    code = errors.EXIT_BAD_INPUT
+    last, code = f"error: {e}", errors.EXIT_BAD_INPUT
   except errors.RunEnded as e:
-    print(f"error: {e}", file=sys.stderr)
-    code = e.status
+    last, code = f"error: {e}", e.status
   except KeyboardInterrupt:
-    print("interrupted", file=sys.stderr)
-    code = errors.EXIT_PREEMPTED
+    last, code = "interrupted", errors.EXIT_PREEMPTED
   except Exception as e:  # pylint: disable=broad-except
     lost = devices.peer_lost(e)     # multi-host: a failed collective is a lost peer, not a bug
     if lost is None:
-      traceback.print_exc()
-      code = errors.EXIT_CRASHED
+      last, code = traceback.format_exc().rstrip("\n"), errors.EXIT_CRASHED
     else:
-      print(f"error: {lost}", file=sys.stderr)
-      code = lost.status
+      last, code = f"error: {lost}", lost.status
+  if last is not None:
+    if not devices.claim_ending():  # a watchdog thread is ending the process with its own line
+      time.sleep(devices.ENDING_GRACE_S)
+    else:
+      print(last, file=sys.stderr)
   sys.stdout.flush()
   devices.exit_process(code)
 

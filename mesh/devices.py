@@ -93,10 +93,26 @@ def maybe_initialize_distributed(coordinator_address: str | None, num_processes:
   _watch_peers(coordinator_address, timeout_s)
 
 
-def _die(error: RunEnded) -> None:
+_ENDING = threading.Lock()
+ENDING_GRACE_S = 30.0     # how long a second ending waits for the first to end the process
+
+
+def claim_ending() -> bool:
+  """True for the first of this process's threads to end it (the main thread's error handling in
+  `benchmarks.main.run_main`, a watchdog's `_die`): only that one writes the process's last
+  words, so a lost peer seen by both at once is one `error:` line, not two. The others wait for
+  it to end the process (`ENDING_GRACE_S`, then end it themselves, quietly)."""
+  return _ENDING.acquire(blocking=False)
+
+
+def _die(error: RunEnded, claimed: bool = False) -> None:
   """Ends this process from any thread, as `benchmarks.main.run_main` ends a RunEnded error:
   one `error:` line and the error's status. For when the main thread is stuck in the runtime
-  (waiting on a collective of a dead peer) and cannot raise."""
+  (waiting on a collective of a dead peer) and cannot raise. `claimed`: the caller holds
+  `claim_ending()` already."""
+  if not claimed and not claim_ending():
+    time.sleep(ENDING_GRACE_S)
+    os._exit(error.status)  # pylint: disable=protected-access
   try:
     sys.stdout.flush()
     print(f"error: {error}", file=sys.stderr, flush=True)
@@ -177,9 +193,13 @@ def _watch_peers(coordinator_address: str, timeout_s: float) -> None:
       raise
 
   def end(error: PeerLost):
+    # Claimed before telling the others: while process 0 waits for them to read it, they end,
+    # and its main thread's collective fails; that second ending must not write its own line.
+    if not claim_ending():
+      _die(error)                              # the main thread is ending the process already
     if me == 0 and not stop.is_set():          # tell the others why before the service goes
       _mark_failed(error.status, str(error), wait=count > 2)
-    _die(error)
+    _die(error, claimed=True)
 
   def beat():
     start = time.monotonic()

@@ -323,3 +323,36 @@ def test_three_processes_end_together(tmp_path):
   assert max(coordinator_s) < 6 + 20, coordinator_s
   print(f"frozen peer: others ended after {max(stop_s):.1f} s; crashed peer: "
         f"{crash_s:.1f} s; killed coordinator: {max(coordinator_s):.1f} s")
+
+
+_TWO_ENDINGS = '''
+import threading
+from benchmarks.main import run_main
+from mesh import devices, errors
+
+def main(argv):
+  # A peer's failure seen at once by the watchdog thread (it ends the process from its thread)
+  # and by the main thread (its collective fails): two endings racing.
+  go = threading.Event()
+  def watchdog():
+    go.wait()
+    devices._die(errors.PeerLost("process 1 of 3 ended with status 3"))
+  threading.Thread(target=watchdog, daemon=True).start()   # as the real watchdog
+  go.set()
+  raise errors.PeerLost("a collective with the other processes failed")
+
+run_main(main)
+'''
+
+
+def test_two_endings_at_once_write_one_error_line(tmp_path):
+  """The process's last words are one `error:` line and status 6 whichever ending comes first
+  (CI once saw both lines: the watchdog's and the main thread's)."""
+  script = tmp_path / "two.py"
+  script.write_text(_TWO_ENDINGS)
+  for _ in range(5):
+    p = subprocess.run([sys.executable, str(script)], cwd=ROOT, env={**_env(x64=False),
+                       "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 6, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), p.stderr
