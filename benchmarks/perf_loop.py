@@ -128,6 +128,17 @@ class _Runner:
     self._block(self.cached)
     self.cached.wait_filled()
 
+  def fit_steps(self, min_round_s: float) -> int:
+    """Sets and returns the steps per way per round: rounds of at least `min_round_s` (a round
+    of a few 60 ms steps is all noise), and a harness block that holds a metrics fetch before
+    its last step, as a run's epoch holds many (a block shorter than the window would fetch
+    only at its end, where the bare step waits too)."""
+    t0 = time.perf_counter()
+    self.bare()
+    self.steps = max(self.steps, math.ceil(min_round_s * self.steps / (time.perf_counter() - t0)),
+                     self.window_steps + 1)
+    return self.steps
+
   def fed(self) -> None:
     """The bare step fed the loop's cached batches by the prefetch thread, without the loop:
     what placing a new batch on the devices for every step costs (on this backend a copy on the
@@ -208,13 +219,7 @@ def measure_one(name: str, devs, rounds: int, steps: int, warmup: int, log_dir: 
     for way in WAYS:       # first calls: placement, first batches, warm caches
       for _ in range(warmup):
         getattr(r, way)()
-    # Rounds of at least min_round_s each: a round of a few 60 ms steps is all noise. And each
-    # harness block holds a metrics fetch before its last step, as a run's epoch holds many: a
-    # block shorter than the window would only fetch at its end, where the bare step waits too.
-    t0 = time.perf_counter()
-    r.bare()
-    r.steps = steps = max(steps, math.ceil(min_round_s * r.steps / (time.perf_counter() - t0)),
-                          r.window_steps + 1)
+    steps = r.fit_steps(min_round_s)
     wall = {w: [] for w in WAYS}
     cpu = {w: [] for w in WAYS}
     host = {w: [] for w in WAYS}      # the main thread's CPU: the loop's own work and dispatch

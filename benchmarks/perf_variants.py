@@ -16,7 +16,6 @@ already done when the loop called the next: the device had waited for the host).
 
 from __future__ import annotations
 
-import math
 import os
 import statistics
 import sys
@@ -57,9 +56,7 @@ def main(argv: list[str]) -> int:
       a, b = "fetch lag 1", "fetch lag 0"
       ways = {a: version(real, {"lag": 1}), b: version(real, {"lag": 0})}
     ways["bare"] = r.bare
-    t0 = time.perf_counter()
-    r.bare()                   # a round of at least a second, and a fetch inside each block
-    r.steps = max(r.steps, math.ceil(r.steps / (time.perf_counter() - t0)), r.window_steps + 1)
+    r.fit_steps(1.0)
     for way in ways.values():      # warm up
       way()
     names = list(ways)
