@@ -11,8 +11,9 @@
   the run within `every` + `lag` steps of the first bad one, naming that step (`Diverged`,
   status 4). The fetch leaves the newest `lag` steps on the device: the host waits only for a
   step that the device finished while it ran the next one, so the device's queue never drains
-  at a fetch (fetching the newest step would idle the device for the host's work after the
-  fetch and the next dispatch: 14% of a 10 ms step, `python -m benchmarks.perf_loop short`).
+  at a fetch (fetching the newest step idles the device for the host's work after the fetch
+  and the next dispatch: `python -m benchmarks.perf_variants window` counts the steps
+  dispatched onto an idle device, one per fetch with lag 0, none with lag 1).
 """
 
 from __future__ import annotations

@@ -517,19 +517,15 @@ def _train_block(program: Program, state, block: Block, batches, log: MLPerfLog,
     last = k == block.steps - 1
     asked = signals.received if single else None
     if window.full() or last or asked:
-      metrics, stop = window.fetch(step_times, drain=bool(last or asked))
+      got = asked or (None if single else signals.agreed())
+      # A stop (the block's end, a signal) takes every pending step; else the newest stays.
+      metrics, stop = window.fetch(step_times, drain=bool(last or got))
       observer.window(window.fetched, step_times)
       if stop is not None:
         return state, metrics, stop
       progress.maybe_print(window.fetched[-1][0] + 1, step_times,
                            {"loss": metrics["loss"], "lr": metrics["lr"]})
-      got = asked or (None if single else signals.agreed())
       if got and not last:
-        if window.pending:          # another process's signal: this one's newest step too
-          metrics, stop = window.fetch(step_times)
-          observer.window(window.fetched, step_times)
-          if stop is not None:
-            return state, metrics, stop
         return state, metrics, stops.Stop("preempted", step + 1, f"{got} at step {step + 1}")
     if spec.cadence == "epochs" and i == per_epoch - 1:
       log.end(C.EPOCH_STOP, metadata={C.EPOCH_NUM: epoch + 1})
