@@ -175,19 +175,22 @@ class _Watched:
   work). A loop that never makes the device wait counts none after its first step."""
 
   def __init__(self, program):
-    self.program, self.last, self.idle, self.calls = program, None, 0, 0
+    import jax  # pylint: disable=import-outside-toplevel
+    self.program, self.leaves = program, jax.tree.leaves
+    self.last, self.idle, self.calls = None, 0, 0
 
   def train(self, state, batch):
-    if self.last is not None and all(x.is_ready() for x in _leaves(self.last)):
+    if self.last is not None and all(x.is_ready() for x in self.leaves(self.last)):
       self.idle += 1
     self.calls += 1
     state, self.last = self.program.train(state, batch)
     return state, self.last
 
-
-def _leaves(tree):
-  import jax  # pylint: disable=import-outside-toplevel
-  return jax.tree.leaves(tree)
+  def run(self, way) -> tuple[int, int]:
+    """Runs `way()`: (its steps dispatched onto an idle device, its steps after its first)."""
+    self.last, idle, calls = None, self.idle, self.calls
+    way()
+    return self.idle - idle, max(0, self.calls - calls - 1)
 
 
 class _Renumbered:
@@ -232,16 +235,15 @@ def measure_one(name: str, devs, rounds: int, steps: int, warmup: int, log_dir: 
       for way in order:
         f = feeders.get(way)
         f0 = (f.cpu_s, f.produced) if f else None
-        r.watched.last, idle0, calls0 = None, r.watched.idle, r.watched.calls
         t0, c0, h0 = time.perf_counter(), time.process_time(), time.thread_time()
-        getattr(r, way)()
+        idled, calls = r.watched.run(getattr(r, way))
         wall[way].append((time.perf_counter() - t0) / steps)
         cpu[way].append((time.process_time() - c0) / steps)
         host[way].append((time.thread_time() - h0) / steps)
         if f:
           feed[way].append((f.cpu_s - f0[0]) / max(1, f.produced - f0[1]))
-          idle[way] += r.watched.idle - idle0
-          dispatched[way] += r.watched.calls - calls0 - 1   # the first of a way has no previous
+          idle[way] += idled
+          dispatched[way] += calls
       say(f"    {name} round {k + 1}/{rounds}: " + ", ".join(
           f"{w} {wall[w][-1] * 1e3:.1f} ms" for w in WAYS))
   finally:

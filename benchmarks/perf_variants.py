@@ -26,9 +26,11 @@ WHAT = ("observer", "window")
 
 
 def main(argv: list[str]) -> int:
-  if len(argv) < 2 or argv[1] not in WHAT:
-    print(f"usage: python -m benchmarks.perf_variants {{{','.join(WHAT)}}} [BENCHMARK] [ROUNDS]",
-          file=sys.stderr)
+  from benchmarks.registry import BENCHMARKS  # pylint: disable=import-outside-toplevel
+  if (len(argv) < 2 or argv[1] not in WHAT or len(argv) > 2 and argv[2] not in BENCHMARKS
+      or len(argv) > 3 and not (argv[3].isdigit() and int(argv[3]) > 0)):
+    print(f"error: usage: python -m benchmarks.perf_variants {{{','.join(WHAT)}}} "
+          f"[{'|'.join(BENCHMARKS)}] [ROUNDS > 0]", file=sys.stderr)
     return 2
   os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
   import jax  # pylint: disable=import-outside-toplevel
@@ -65,12 +67,11 @@ def main(argv: list[str]) -> int:
     calls = {k: 0 for k in ways}
     for k in range(rounds):
       for w in names[k % 3:] + names[:k % 3]:
-        r.watched.last, i0, c0 = None, r.watched.idle, r.watched.calls
         t0 = time.perf_counter()
-        ways[w]()
+        idled, n = r.watched.run(ways[w])
         t[w].append(time.perf_counter() - t0)
-        idle[w] += r.watched.idle - i0
-        calls[w] += max(0, r.watched.calls - c0 - 1)
+        idle[w] += idled
+        calls[w] += n
     ratio = lambda x, y: statistics.median(p / q for p, q in zip(t[x], t[y]))
     print(f"{name}, {rounds} rounds of {r.steps} steps: {a} / bare {ratio(a, 'bare'):.3f}, "
           f"{b} / bare {ratio(b, 'bare'):.3f}, {a} / {b} {ratio(a, b):.3f}; steps dispatched "
