@@ -17,15 +17,19 @@ a rotating order (so slow drift in the machine's load falls on all alike):
            data pays (loop / fed is the loop's own cost).
   bare     the same compiled step called on one placed batch, nothing else, the last result
            waited for.
+  again    the bare step again, in its own turn: again / bare is what this run's noise makes of
+           two identical ways (an A/A comparison), the floor under which a ratio says nothing.
   1 device the same benchmark compiled over one device, bare, same global batch.
 
-Target 2 is harness / bare (with loop / bare, fed / bare and loop / fed beside it); target 4 is
-bare / 1 device. Each round times `steps` steps of each (more where the bare step takes under
+Target 2 is harness / bare (with loop / bare, fed / bare, loop / fed and again / bare beside it);
+target 4 is bare / 1 device. Each round times `steps` steps of each (more where the bare step takes under
 1 s for them, so a round of a fast benchmark is not all noise, and at least one more than the
 loop's metrics window, so each block fetches metrics mid-block as a run's epochs do); the report
 gives per-round ratio medians and quartiles, and where the harness's host time goes: the main
-thread's CPU per step, the prefetch thread's CPU per batch, the process's CPU per step, and the
-steps dispatched onto an idle device (`_Watched`).
+thread's CPU per step, the prefetch thread's CPU per batch, the process's CPU per step split into
+its Python threads' (the host: loop, prefetch, the pipeline's thread pools) and its other
+threads' (XLA's, which run the devices' computation; `_thread_cpu`), and the steps dispatched
+onto an idle device (`_Watched`).
 """
 
 from __future__ import annotations
@@ -164,6 +168,9 @@ class _Runner:
     self.state = self._steps(self.program, self.state, self.batch)
     self.step_no += self.steps
 
+  def again(self) -> None:
+    self.bare()
+
   def one_device(self) -> None:
     self.state1 = self._steps(self.program1, self.state1, self.batch1)
 
@@ -210,7 +217,47 @@ class _Renumbered:
     return step, batch
 
 
-WAYS = ("harness", "loop", "fed", "bare", "one_device")
+WAYS = ("harness", "loop", "fed", "bare", "again", "one_device")
+
+
+def _thread_cpu() -> dict[int, tuple[bool, float]] | None:
+  """Each thread of this process: (a Python thread?, CPU seconds so far), from Linux's
+  /proc/self/task (the scheduler's nanosecond run time where it keeps one, else utime + stime in
+  clock ticks); None where there is no /proc. The Python threads are the host's work (the loop,
+  the prefetch thread, the pipeline's thread pools); the others are XLA's (the devices'
+  computation on this backend, compile workers) and the allocator's."""
+  import threading  # pylint: disable=import-outside-toplevel
+  try:
+    tids = os.listdir("/proc/self/task")
+  except OSError:
+    return None
+  python = {t.native_id for t in threading.enumerate()}
+  out = {}
+  for tid in tids:
+    try:
+      with open(f"/proc/self/task/{tid}/schedstat", encoding="ascii") as f:
+        cpu_s = int(f.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+      try:
+        with open(f"/proc/self/task/{tid}/stat", encoding="ascii") as f:
+          fields = f.read().rsplit(")", 1)[1].split()
+        cpu_s = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+      except (OSError, ValueError, IndexError):
+        continue       # the thread ended meanwhile
+    out[int(tid)] = (int(tid) in python, cpu_s)
+  return out
+
+
+def _split(before, after) -> tuple[float, float]:
+  """CPU seconds between two `_thread_cpu` readings: (Python threads, other threads)."""
+  host = other = 0.0
+  for tid, (is_python, cpu_s) in after.items():
+    d = cpu_s - before.get(tid, (is_python, 0.0))[1]
+    if is_python:
+      host += d
+    else:
+      other += d
+  return host, other
 
 
 def measure_one(name: str, devs, rounds: int, steps: int, warmup: int, log_dir: str,
@@ -226,6 +273,8 @@ def measure_one(name: str, devs, rounds: int, steps: int, warmup: int, log_dir: 
     wall = {w: [] for w in WAYS}
     cpu = {w: [] for w in WAYS}
     host = {w: [] for w in WAYS}      # the main thread's CPU: the loop's own work and dispatch
+    threads = {w: [0.0, 0.0] for w in WAYS}   # CPU s of all rounds: Python threads, XLA's
+    proc = _thread_cpu() is not None
     feeders = {"harness": r.real, "loop": r.cached, "fed": r.cached}
     feed = {w: [] for w in feeders}   # the prefetch thread's CPU: pipeline and transfer
     idle = {w: 0 for w in feeders}
@@ -235,11 +284,14 @@ def measure_one(name: str, devs, rounds: int, steps: int, warmup: int, log_dir: 
       for way in order:
         f = feeders.get(way)
         f0 = (f.cpu_s, f.produced) if f else None
+        p0 = _thread_cpu() if proc else None
         t0, c0, h0 = time.perf_counter(), time.process_time(), time.thread_time()
         idled, calls = r.watched.run(getattr(r, way))
         wall[way].append((time.perf_counter() - t0) / steps)
         cpu[way].append((time.process_time() - c0) / steps)
         host[way].append((time.thread_time() - h0) / steps)
+        if proc:
+          threads[way] = [a + b for a, b in zip(threads[way], _split(p0, _thread_cpu()))]
         if f:
           feed[way].append((f.cpu_s - f0[0]) / max(1, f.produced - f0[1]))
           idle[way] += idled
@@ -255,7 +307,26 @@ def measure_one(name: str, devs, rounds: int, steps: int, warmup: int, log_dir: 
       "fed": [h / b for h, b in zip(wall["fed"], wall["bare"])],
       "loop_own": [h / b for h, b in zip(wall["loop"], wall["fed"])],
       "scaling": [b / o for b, o in zip(wall["bare"], wall["one_device"])],
+      "again": [a / b for a, b in zip(wall["again"], wall["bare"])],
   }
+
+  def per_step(cpu_s: float) -> float:     # all rounds' CPU seconds, in ms per step
+    return cpu_s * 1e3 / (rounds * steps)
+
+  cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+           else os.cpu_count() or 1)      # the cores this process may run on
+  thread_cpu = None
+  if proc:
+    thread_cpu = {
+        "python_ms_per_step": {w: per_step(v[0]) for w, v in threads.items()},
+        "other_ms_per_step": {w: per_step(v[1]) for w, v in threads.items()},
+        # the harness's host work beyond the bare step's, as a share of all cores' time in a
+        # bare step: what it must take from the devices where their threads fill the cores
+        "host_share": (threads["harness"][0] - threads["bare"][0])
+                      / (cores * sum(wall["bare"]) * steps),
+        # how full the devices' threads keep the cores during the bare step
+        "devices_busy": threads["bare"][1] / (cores * sum(wall["bare"]) * steps),
+        "cores": cores}
   return {
       "benchmark": name, "devices": len(devs), "global_batch": r.cfg.global_batch_size,
       "steps_per_round": steps, "rounds": rounds,
@@ -263,7 +334,7 @@ def measure_one(name: str, devs, rounds: int, steps: int, warmup: int, log_dir: 
       "cpu_ms_per_step": {w: statistics.median(v) * 1e3 for w, v in cpu.items()},
       "host_ms_per_step": {w: statistics.median(v) * 1e3 for w, v in host.items()},
       "feed_cpu_ms_per_batch": {w: statistics.median(v) * 1e3 for w, v in feed.items()},
-      "idle_dispatches": idle, "dispatches": dispatched,
+      "idle_dispatches": idle, "dispatches": dispatched, "thread_cpu": thread_cpu,
       "ms_per_step_rounds": {w: [t * 1e3 for t in v] for w, v in wall.items()},
       "ratio": {k: statistics.median(v) for k, v in ratios.items()},
       "ratio_quartiles": {k: quartiles(v) for k, v in ratios.items()},
@@ -285,7 +356,8 @@ def measure(say, names=("resnet", "transformer", "ssd", "lm"), rounds: int = 12,
       m = out[name]
       say(f"    {name}: harness / bare {m['ratio']['harness']:.3f}, loop / bare "
           f"{m['ratio']['loop']:.3f}, fed / bare {m['ratio']['fed']:.3f}, loop / fed "
-          f"{m['ratio']['loop_own']:.3f}, {len(devs)} / 1 device {m['ratio']['scaling']:.2f}; "
+          f"{m['ratio']['loop_own']:.3f}, again / bare (noise) {m['ratio']['again']:.3f}, "
+          f"{len(devs)} / 1 device {m['ratio']['scaling']:.2f}; "
           f"main thread ms/step harness {m['host_ms_per_step']['harness']:.2f}, bare "
           f"{m['host_ms_per_step']['bare']:.2f}; steps dispatched onto an idle device "
           f"{m['idle_dispatches']['harness']} of {m['dispatches']['harness']}")
@@ -305,7 +377,9 @@ def rows(result: dict[str, Any]) -> list[dict[str, Any]]:
                    f"{q['loop'][1]:.3f}); bare step fed new batches {m['ratio']['fed']:.3f}; "
                    f"loop / fed {m['ratio']['loop_own']:.3f}; steps dispatched onto an idle "
                    f"device {m['idle_dispatches']['harness']} of "
-                   f"{m['dispatches']['harness']}; bare {m['ms_per_step']['bare']:.1f} ms/step")})
+                   f"{m['dispatches']['harness']}; bare {m['ms_per_step']['bare']:.1f} ms/step; "
+                   f"this run's noise, the bare step against itself {m['ratio']['again']:.3f} "
+                   f"({q['again'][0]:.3f}-{q['again'][1]:.3f})" + _share(m))})
   for name, m in result.items():
     q = m["ratio_quartiles"]["scaling"]
     ref = REFERENCE_SCALING.get(name)
@@ -320,34 +394,57 @@ def rows(result: dict[str, Any]) -> list[dict[str, Any]]:
   return out
 
 
+def _share(m: dict[str, Any]) -> str:
+  t = m.get("thread_cpu")
+  if not t:
+    return ""
+  return (f"; the harness's Python threads' CPU above the bare step's "
+          f"{t['python_ms_per_step']['harness'] - t['python_ms_per_step']['bare']:.1f} ms/step, "
+          f"{t['host_share'] * 100:.1f}% of {t['cores']} cores' time, which XLA's threads kept "
+          f"{t['devices_busy'] * 100:.0f}% busy in the bare step")
+
+
 def markdown(result: dict[str, Any]) -> list[str]:
   lines = ["", ("Targets 2 and 4, each benchmark's CPU default (ms per step, medians of rounds; "
                 "ratios: medians of per-round ratios):"), "",
            ("| benchmark | devices | global batch | harness | loop (cached batches) | fed | "
             "bare step | 1 device | harness / bare | loop / bare | fed / bare | loop / fed | "
-            "N / 1 device |"),
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "again / bare (noise) | N / 1 device |"),
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for name, m in result.items():
-    t, r = m["ms_per_step"], m["ratio"]
+    t, r, q = m["ms_per_step"], m["ratio"], m["ratio_quartiles"]
     lines.append(f"| {name} | {m['devices']} | {m['global_batch']} | {t['harness']:.1f} | "
                  f"{t['loop']:.1f} | {t['fed']:.1f} | {t['bare']:.1f} | "
-                 f"{t['one_device']:.1f} | {r['harness']:.3f} | {r['loop']:.3f} | "
-                 f"{r['fed']:.3f} | {r['loop_own']:.3f} | {r['scaling']:.2f} |")
+                 f"{t['one_device']:.1f} | {r['harness']:.3f} ({q['harness'][0]:.3f}-"
+                 f"{q['harness'][1]:.3f}) | {r['loop']:.3f} | {r['fed']:.3f} | "
+                 f"{r['loop_own']:.3f} | {r['again']:.3f} ({q['again'][0]:.3f}-"
+                 f"{q['again'][1]:.3f}) | {r['scaling']:.2f} |")
   lines += ["", ("Where the harness's host time goes (medians of rounds): the process's CPU per "
                  "step (the devices' threads included), the main thread's CPU per step (the "
                  "loop's own work and the dispatch; the devices compute on other threads), the "
-                 "prefetch thread's CPU per batch (the pipeline and the transfer), and the steps "
-                 "the loop dispatched onto an idle device (the previous step already done: the "
-                 "device had waited for the host):"), "",
+                 "prefetch thread's CPU per batch (the pipeline and the transfer), all Python "
+                 "threads' and XLA's threads' CPU per step (all rounds; the Python threads are "
+                 "the host's work: loop, prefetch, the pipeline's pools; the host share is the "
+                 "harness's Python-thread CPU above the bare step's over all cores' time), and "
+                 "the steps the loop dispatched onto an idle device (the previous step already "
+                 "done: the device had waited for the host):"), "",
             ("| benchmark | process CPU ms/step: harness / loop / fed / bare | main thread "
              "ms/step: harness / loop / bare | prefetch thread ms/batch: real / cached | "
-             "idle-device dispatches: harness / loop |"),
-            "|---|---|---|---|---|"]
+             "Python threads ms/step: harness / loop / bare | XLA's threads ms/step: harness / "
+             "bare | host share | idle-device dispatches: harness / loop |"),
+            "|---|---|---|---|---|---|---|---|"]
   for name, m in result.items():
     c, h, f, i, d = (m["cpu_ms_per_step"], m["host_ms_per_step"], m["feed_cpu_ms_per_batch"],
                      m["idle_dispatches"], m["dispatches"])
+    t = m.get("thread_cpu")
+    if t:
+      p, o = t["python_ms_per_step"], t["other_ms_per_step"]
+      threads = (f"{p['harness']:.1f} / {p['loop']:.1f} / {p['bare']:.1f} | "
+                 f"{o['harness']:.0f} / {o['bare']:.0f} | {t['host_share'] * 100:.1f}%")
+    else:
+      threads = "- | - | -"
     lines.append(f"| {name} | {c['harness']:.0f} / {c['loop']:.0f} / {c['fed']:.0f} / "
                  f"{c['bare']:.0f} | {h['harness']:.2f} / {h['loop']:.2f} / {h['bare']:.2f} | "
-                 f"{f['harness']:.1f} / {f['loop']:.1f} | {i['harness']} of {d['harness']} / "
-                 f"{i['loop']} of {d['loop']} |")
+                 f"{f['harness']:.1f} / {f['loop']:.1f} | {threads} | {i['harness']} of "
+                 f"{d['harness']} / {i['loop']} of {d['loop']} |")
   return lines

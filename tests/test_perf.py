@@ -118,5 +118,51 @@ def test_quick_run_writes_its_reports_and_the_last_line(tmp_path):
   assert 0 <= loop["idle_dispatches"]["harness"] <= loop["dispatches"]["harness"]
   assert loop["ratio"]["fed"] > 0 and loop["ratio"]["loop_own"] > 0
   assert loop["host_ms_per_step"]["harness"] > 0 and loop["feed_cpu_ms_per_batch"]["harness"] > 0
+  assert loop["ratio"]["again"] > 0 and len(loop["ratio_rounds"]["again"]) == 2
+  threads = loop["thread_cpu"]
+  assert threads is not None, "Linux has /proc/self/task"
+  # The harness's Python threads run the pipeline and the loop; XLA's threads the devices.
+  assert threads["python_ms_per_step"]["harness"] > threads["python_ms_per_step"]["bare"] > 0
+  assert threads["other_ms_per_step"]["bare"] > 0 and 0 < threads["devices_busy"] <= 1.01
   md = (out / "perf.md").read_text()
   assert last in md and "| 8 |" in md and "| 1 |" in md
+
+
+def test_thread_cpu_counts_python_threads_as_the_host_and_xla_threads_apart():
+  """Target 2's thread split (`perf_loop._thread_cpu`): a Python thread spinning 0.3 s is host
+  CPU; an 8-device matmul computed on XLA's threads while the main thread sleeps is not."""
+  import threading  # pylint: disable=import-outside-toplevel
+  import time  # pylint: disable=import-outside-toplevel
+
+  from benchmarks import perf_loop  # pylint: disable=import-outside-toplevel
+  if perf_loop._thread_cpu() is None:  # pylint: disable=protected-access
+    return    # no /proc: the report leaves the split out
+  x = jax.device_put(jnp.ones((8 * 256, 512)), jax.sharding.NamedSharding(
+      jax.make_mesh((8,), ("d",)), jax.sharding.PartitionSpec("d")))
+  w = jnp.full((512, 512), 1e-3)
+  f = jax.jit(lambda x, w: jnp.tanh(jnp.tanh(x @ w) @ w).sum())
+  f(x, w).block_until_ready()
+  done = threading.Event()
+
+  def spin():
+    t0 = time.thread_time()
+    while time.thread_time() - t0 < 0.3:
+      pass
+    done.wait()     # alive at the second reading: an ended thread's CPU is not counted
+
+  before = perf_loop._thread_cpu()  # pylint: disable=protected-access
+  spinner = threading.Thread(target=spin)
+  spinner.start()
+  time.sleep(0.4)
+  main0 = time.thread_time()
+  outs = [f(x, w) for _ in range(20)]
+  jax.block_until_ready(outs)
+  time.sleep(0.05)
+  after = perf_loop._thread_cpu()  # pylint: disable=protected-access
+  done.set()
+  spinner.join()
+  host, other = perf_loop._split(before, after)  # pylint: disable=protected-access
+  main = time.thread_time() - main0
+  assert host >= 0.28, (host, other)
+  assert other >= 0.05, (host, other)
+  assert main < other, ("the matmuls ran on the main thread", main, host, other)
