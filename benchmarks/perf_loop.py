@@ -2,7 +2,7 @@
 devices against 1, for every benchmark's CPU default.
 
 For each benchmark the CPU default's program is compiled twice (over all devices, and over one
-device at the same global batch) and five ways of running steps take turns, round by round, in
+device at the same global batch) and six ways of running steps take turns, round by round, in
 a rotating order (so slow drift in the machine's load falls on all alike):
 
   harness  `benchmarks.train._train_block`, the loop `./run.sh` runs: the real input pipeline
@@ -21,15 +21,15 @@ a rotating order (so slow drift in the machine's load falls on all alike):
            two identical ways (an A/A comparison), the floor under which a ratio says nothing.
   1 device the same benchmark compiled over one device, bare, same global batch.
 
-Target 2 is harness / bare (with loop / bare, fed / bare, loop / fed and again / bare beside it);
-target 4 is bare / 1 device. Each round times `steps` steps of each (more where the bare step takes under
-1 s for them, so a round of a fast benchmark is not all noise, and at least one more than the
-loop's metrics window, so each block fetches metrics mid-block as a run's epochs do); the report
-gives per-round ratio medians and quartiles, and where the harness's host time goes: the main
-thread's CPU per step, the prefetch thread's CPU per batch, the process's CPU per step split into
-its Python threads' (the host: loop, prefetch, the pipeline's thread pools) and its other
-threads' (XLA's, which run the devices' computation; `_thread_cpu`), and the steps dispatched
-onto an idle device (`_Watched`).
+Target 2 is harness / bare (with loop / bare, fed / bare, loop / fed and again / bare beside
+it); target 4 is bare / 1 device. Each round times `steps` steps of each (more where the bare
+step takes under 1 s for them, so a round of a fast benchmark is not all noise, and at least one
+more than the loop's metrics window, so each block fetches metrics mid-block as a run's epochs
+do); the report gives per-round ratio medians and quartiles, and where the harness's host time
+goes: the main thread's CPU per step, the prefetch thread's CPU per batch, the process's CPU
+per step split into its Python threads' (the host: loop, prefetch, the pipeline's thread pools)
+and its other threads' (XLA's, which run the devices' computation; `_thread_cpu`), and the
+steps dispatched onto an idle device (`_Watched`).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ HARNESS_GOAL = 1.02
 
 
 class _Runner:
-  """One benchmark's four ways of running steps, sharing the all-device state."""
+  """One benchmark's ways of running steps (`WAYS`), sharing the all-device state."""
 
   def __init__(self, name: str, devs, steps: int, log_dir: str, say):
     import jax  # pylint: disable=import-outside-toplevel
