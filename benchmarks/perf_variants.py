@@ -6,23 +6,82 @@ BENCHMARK ROUNDS`.
   window    the metrics fetch leaving the newest step on the device (`stops.Window`'s lag 1, what
             the loop does) and fetching it too (lag 0, what the loop did before): whether the
             device waits for the host at each fetch.
+  host_load the bare step with a host thread that takes a set share of the cores' time
+            (`HOST_LOAD`): a Python loop, which holds the GIL as the pipeline's Python code does,
+            and hashing, which releases it as JPEG decoding and large numpy operations do. What
+            host work costs the devices' step where, as on this CPU backend, the devices compute
+            on the host's cores (`./run.sh perf` target 2: the harness's host work).
 
-Both versions are `./run.sh perf` target 2's loop on cached batches (`perf_loop._Runner.loop`),
-taking turns with the bare compiled step in a rotating order, each round a block of
-`perf_loop` steps (at least one metrics fetch inside it). Prints the medians of the per-round
-ratios and, for each version, the steps dispatched onto an idle device (the previous step was
-already done when the loop called the next: the device had waited for the host).
+The first two versions are `./run.sh perf` target 2's loop on cached batches
+(`perf_loop._Runner.loop`); each version takes turns with the bare compiled step in a rotating
+order, each round a block of `perf_loop` steps (at least one metrics fetch inside it). Prints
+the medians of the per-round ratios with their quartiles and, for the loop's versions, the steps
+dispatched onto an idle device (the previous step was already done when the loop called the
+next: the device had waited for the host); for host_load, the share of the cores' time each
+thread took.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 
-WHAT = ("observer", "window")
+WHAT = ("observer", "window", "host_load")
+HOST_LOAD = 0.05      # host_load: the thread's share of all cores' time
+
+
+class HostLoad:
+  """A thread that, while `on`, takes `share` of all cores' time: in each 10 ms it computes for
+  share * cores * 10 ms (at most all of it) and sleeps the rest. `gil`: a Python loop (holds the
+  GIL) or hashing 64 KiB blocks (hashlib releases the GIL). `cpu_s`: its CPU seconds so far."""
+
+  PERIOD_S = 0.010
+  _BLOCK = bytes(65536)
+
+  def __init__(self, share: float, gil: bool):
+    self.duty = min(1.0, share * (os.cpu_count() or 1))
+    self.gil, self.cpu_s = gil, 0.0
+    self.on, self._stop = threading.Event(), threading.Event()
+    self._thread = threading.Thread(target=self._run, daemon=True)
+    self._thread.start()
+
+  def _work(self) -> None:
+    if self.gil:
+      x = 0
+      for i in range(2000):
+        x += i
+    else:
+      hashlib.sha256(self._BLOCK).digest()
+
+  def _run(self) -> None:
+    while not self._stop.is_set():
+      if not self.on.wait(0.05):
+        continue
+      c0, t0 = time.thread_time(), time.perf_counter()
+      while time.perf_counter() - t0 < self.duty * self.PERIOD_S:
+        self._work()
+      self.cpu_s += time.thread_time() - c0
+      time.sleep(max(0.0, self.PERIOD_S - (time.perf_counter() - t0)))
+
+  def running(self, way):
+    """`way` with this thread on while it runs."""
+    def run():
+      self.on.set()
+      try:
+        way()
+      finally:
+        self.on.clear()
+    return run
+
+  def close(self) -> None:
+    self._stop.set()
+    self.on.set()
+    self._thread.join()
 
 
 def main(argv: list[str]) -> int:
@@ -51,31 +110,57 @@ def main(argv: list[str]) -> int:
         r.loop()
       return run
 
+    loads = {}
     if what == "observer":
       a, b = "with the writer", "without"
       ways = {a: version(real, {}), b: version(observe.NOTHING, {})}
-    else:
+    elif what == "window":
       a, b = "fetch lag 1", "fetch lag 0"
       ways = {a: version(real, {"lag": 1}), b: version(real, {"lag": 0})}
+    else:
+      a, b = "a Python thread", "a hashing thread"
+      loads = {a: HostLoad(HOST_LOAD, gil=True), b: HostLoad(HOST_LOAD, gil=False)}
+      ways = {k: load.running(r.bare) for k, load in loads.items()}
+      ways["again"] = r.again       # the bare step against itself: this run's noise
     ways["bare"] = r.bare
     r.fit_steps(1.0)
     for way in ways.values():      # warm up
       way()
     names = list(ways)
+    for load in loads.values():
+      load.cpu_s = 0.0           # the warm-up's
     t = {k: [] for k in ways}
     idle = {k: 0 for k in ways}
     calls = {k: 0 for k in ways}
     for k in range(rounds):
-      for w in names[k % 3:] + names[:k % 3]:
+      for w in names[k % len(names):] + names[:k % len(names)]:
         t0 = time.perf_counter()
         idled, n = r.watched.run(ways[w])
         t[w].append(time.perf_counter() - t0)
         idle[w] += idled
         calls[w] += n
-    ratio = lambda x, y: statistics.median(p / q for p, q in zip(t[x], t[y]))
-    print(f"{name}, {rounds} rounds of {r.steps} steps: {a} / bare {ratio(a, 'bare'):.3f}, "
-          f"{b} / bare {ratio(b, 'bare'):.3f}, {a} / {b} {ratio(a, b):.3f}; steps dispatched "
-          f"onto an idle device: {a} {idle[a]} of {calls[a]}, {b} {idle[b]} of {calls[b]}")
+
+    def ratio(x, y):      # the median of the per-round ratios (quartiles)
+      per_round = [p / q for p, q in zip(t[x], t[y])]
+      if len(per_round) < 2:
+        return f"{per_round[0]:.3f}"
+      q = statistics.quantiles(per_round, n=4)
+      return f"{statistics.median(per_round):.3f} ({q[0]:.3f}-{q[2]:.3f})"
+
+    if loads:
+      cores = os.cpu_count() or 1
+      took = (f", again / bare (noise) {ratio('again', 'bare')}; share of the {cores} cores' "
+              f"time taken: " + ", ".join(f"{k} {load.cpu_s / (sum(t[k]) * cores):.1%}"
+                                          for k, load in loads.items()))
+    else:
+      took = (f"; steps dispatched onto an idle device: {a} {idle[a]} of {calls[a]}, "
+              f"{b} {idle[b]} of {calls[b]}")
+    bare_ms = statistics.median(t["bare"]) / r.steps * 1e3
+    print(f"{name}, {rounds} rounds of {r.steps} steps (bare {bare_ms:.1f} ms/step): "
+          f"{a} / bare {ratio(a, 'bare')}, {b} / bare {ratio(b, 'bare')}, {a} / {b} "
+          f"{ratio(a, b)}{took}")
+    for load in loads.values():
+      load.close()
     r.observer = real
     r.signals.restore()
     r.close()

@@ -167,3 +167,25 @@ def test_thread_cpu_counts_python_threads_as_the_host_and_xla_threads_apart():
   assert host >= 0.28, (host, other)
   assert other >= 0.05, (host, other)
   assert main < other, ("the matmuls ran on the main thread", main, host, other)
+
+
+@pytest.mark.parametrize("gil", [True, False], ids=["python", "hashing"])
+def test_host_load_takes_its_share_of_the_cores_only_while_on(gil):
+  """`perf_variants host_load`'s thread: on for 0.6 s at half of one core, it computes about
+  0.3 s (descheduling on a busy machine gives it less, never more than its duty); off, nothing
+  beyond the 10 ms period it was in."""
+  import time  # pylint: disable=import-outside-toplevel
+
+  from benchmarks.perf_variants import HostLoad  # pylint: disable=import-outside-toplevel
+  load = HostLoad(0.5 / (os.cpu_count() or 1), gil=gil)
+  assert load.duty == pytest.approx(0.5)
+  time.sleep(0.1)
+  assert load.cpu_s == 0.0
+  load.running(lambda: time.sleep(0.6))()
+  time.sleep(0.02)              # the period it was in when switched off
+  on = load.cpu_s
+  time.sleep(0.2)
+  off = load.cpu_s - on
+  load.close()
+  assert 0.1 < on < 0.3 + 0.02, on
+  assert off == 0.0, off
