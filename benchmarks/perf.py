@@ -82,7 +82,8 @@ class _Parser(argparse.ArgumentParser):
 def parse_args(argv: list[str]) -> argparse.Namespace:
   p = _Parser(prog="./run.sh perf", description=__doc__.split("\n\n")[0])
   p.add_argument("--quick", action="store_true",
-                 help="a smoke run: ResNet-10 of width 8, 32 px, 10 classes, batch 32, few rounds")
+                 help="a smoke run: ResNet-10 of width 8, 32 px, 10 classes, batch 32, few "
+                      "rounds; targets 2, 4 and 5 on the tiny preset, 3 on small images")
   p.add_argument("--depth", type=int, default=None, help="ResNet depth (default 50)")
   p.add_argument("--width", type=int, default=None, help="channels of the first stage (64)")
   p.add_argument("--image_size", type=int, default=None, help="pixels (default 64)")
@@ -531,13 +532,14 @@ def measure_part(part: str, a, say) -> Any:
   """Targets 2 and 4 ("loop"), 3 ("input") or 5 ("eval") for the benchmarks of --benchmarks."""
   mod = _part_module(part)
   names = tuple(a.benchmarks)
+  preset = "tiny" if a.quick else "cpu"     # --quick: a smoke run, each benchmark's tiny preset
   if part == "loop":
-    return mod.measure(say, names=names, rounds=a.loop_rounds, steps=a.loop_steps)
+    return mod.measure(say, names=names, rounds=a.loop_rounds, steps=a.loop_steps, preset=preset)
   if part == "input":   # --quick: small images, no step (no ratio)
     settings = mod.Settings.tiny() if a.quick else mod.Settings(batches=INPUT_BATCHES)
     return mod.measure(say, workers=(0,) if a.quick else (0, 1, 2), settings=settings,
                        names=names)
-  return mod.measure(say, names=names)
+  return mod.measure(say, names=names, preset=preset)
 
 
 def _rel(x) -> str:

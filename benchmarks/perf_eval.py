@@ -72,15 +72,15 @@ def _timed_fn(fn: Callable, acc: dict, key: str) -> Callable:
   return call
 
 
-def setup(name: str, cfg=None, devs=None):
-  """(cfg, task, program, state) of a benchmark (default: its CPU default) as the training loop
-  sets it up (one process), over `devs` (default: all devices)."""
+def setup(name: str, cfg=None, devs=None, preset: str = "cpu"):
+  """(cfg, task, program, state) of a benchmark (default: its `preset`, the CPU default) as the
+  training loop sets it up (one process), over `devs` (default: all devices)."""
   import jax  # pylint: disable=import-outside-toplevel
 
   from benchmarks import registry, train  # pylint: disable=import-outside-toplevel
   from benchmarks.step import compile_program  # pylint: disable=import-outside-toplevel
   entry = registry.BENCHMARKS[name]
-  cfg = cfg or entry.config().PRESETS["cpu"]
+  cfg = cfg or entry.config().PRESETS[preset]
   sharder, plan = train.build_sharder(cfg, devs)
   replicas = train.check_batches(cfg, sharder, plan, jax.process_count())
   task = entry.build()(cfg, replicas=replicas, process_index=0, process_count=1)
@@ -125,11 +125,17 @@ def evaluate_once(program, task, state) -> dict[str, Any]:
           "device_s": total - acc["data"] - acc["host"], "quality": float(quality)}
 
 
-def measure_one(name: str, say, train_steps: int = 0, cfg=None) -> dict[str, Any]:
+def preset_name(preset: str) -> str:
+  """How the reports name a preset: the CPU default, or (`--quick`) another one."""
+  return "CPU default" if preset == "cpu" else f"`{preset}` preset"
+
+
+def measure_one(name: str, say, train_steps: int = 0, cfg=None, preset: str = "cpu"
+                ) -> dict[str, Any]:
   import jax  # pylint: disable=import-outside-toplevel
-  say(f"  {name}: setting up the CPU default (data, model, compiled steps)")
+  say(f"  {name}: setting up the {preset_name(preset)} (data, model, compiled steps)")
   t = time.perf_counter()
-  cfg, task, program, state = setup(name, cfg)
+  cfg, task, program, state = setup(name, cfg, preset=preset)
   setup_s = time.perf_counter() - t
   if train_steps:
     state = train_a_few(program, task, state, train_steps)
@@ -148,17 +154,18 @@ def measure_one(name: str, say, train_steps: int = 0, cfg=None) -> dict[str, Any
           **detail}
 
 
-def measure(say, names=NAMES, train_steps: int = 0) -> dict[str, Any]:
-  """Target 5 for each named benchmark's CPU default: {"benchmarks": {name: {...}}, "load":
-  load average before and after, "devices": ...}. Needs jax started with the CPU default's
-  devices (8 simulated CPU devices: `mesh.devices.use_cpu_devices(8)` before jax starts)."""
+def measure(say, names=NAMES, train_steps: int = 0, preset: str = "cpu") -> dict[str, Any]:
+  """Target 5 for each named benchmark's CPU default (or another `preset`, `--quick`'s tiny
+  one): {"benchmarks": {name: {...}}, "load": load average before and after, "devices": ...}.
+  Needs jax started with the CPU default's devices (8 simulated CPU devices:
+  `mesh.devices.use_cpu_devices(8)` before jax starts)."""
   import os  # pylint: disable=import-outside-toplevel
 
   import jax  # pylint: disable=import-outside-toplevel
   load0 = os.getloadavg()
-  out = {name: measure_one(name, say, train_steps) for name in names}
+  out = {name: measure_one(name, say, train_steps, preset=preset) for name in names}
   return {"benchmarks": out, "devices": len(jax.devices()), "platform": jax.devices()[0].platform,
-          "train_steps": train_steps,
+          "train_steps": train_steps, "preset": preset,
           "load_average": [round(x, 2) for x in load0] + [round(x, 2) for x in os.getloadavg()]}
 
 
@@ -175,19 +182,21 @@ def rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     detail += ("; " if detail else "") + f"not measured: {', '.join(missing)}"
   if got and not result.get("train_steps"):
     detail += "; untrained state (beam search and NMS at their longest)"
-  return [{"target": "5", "what": "seconds per evaluation of each CPU default (second "
-           "evaluation; device / host / data)", "value": value or "not measured",
+  return [{"target": "5", "what": f"seconds per evaluation of each "
+           f"{preset_name(result.get('preset', 'cpu'))} (second evaluation; device / host / "
+           f"data)", "value": value or "not measured",
            "goal": "reported; waste cut", "met": not missing, "detail": detail}]
 
 
 def markdown(result: dict[str, Any]) -> list[str]:
   """A table of the parts of each evaluation, then target 5's row."""
-  lines = [f"Evaluation of each CPU default ({result.get('devices')} "
+  lines = [f"Evaluation of each {preset_name(result.get('preset', 'cpu'))} "
+           f"({result.get('devices')} "
            f"{result.get('platform')} device(s), load average "
            f"{' / '.join(str(x) for x in result.get('load_average', []))} before / after; "
            f"{'untrained state' if not result.get('train_steps') else str(result['train_steps']) + ' training steps'}"
            f"): seconds per evaluation, the second of two.", "",
-           "| CPU default | examples (steps) | s per eval | device s | host s | data s | CPU s | "
+           "| benchmark | examples (steps) | s per eval | device s | host s | data s | CPU s | "
            "first eval s |", "|---|---|---|---|---|---|---|---|"]
   for n, b in result.get("benchmarks", {}).items():
     s = b["second"]

@@ -45,7 +45,7 @@ import time
 from typing import Any
 
 from benchmarks.perf import SCALING_SLACK, quartiles
-from benchmarks.perf_eval import setup
+from benchmarks.perf_eval import preset_name, setup
 
 # Target 4's references: all devices / 1 device per CPU default, from a measured report (README
 # "Performance"); a later run meets the target while none grew by more than SCALING_SLACK.
@@ -57,7 +57,7 @@ HARNESS_GOAL = 1.02
 class _Runner:
   """One benchmark's ways of running steps (`WAYS`), sharing the all-device state."""
 
-  def __init__(self, name: str, devs, steps: int, log_dir: str, say):
+  def __init__(self, name: str, devs, steps: int, log_dir: str, say, preset: str = "cpu"):
     import jax  # pylint: disable=import-outside-toplevel
     from benchmarks import prefetch, train  # pylint: disable=import-outside-toplevel
     from benchmarks.step import global_batch  # pylint: disable=import-outside-toplevel
@@ -66,12 +66,12 @@ class _Runner:
     t0 = time.perf_counter()
     from benchmarks import registry  # pylint: disable=import-outside-toplevel
     self.entry = registry.BENCHMARKS[name]
-    self.cfg, self.task, self.program, self.state = setup(name, devs=devs)
+    self.cfg, self.task, self.program, self.state = setup(name, devs=devs, preset=preset)
     self.compile_s = self.program.compile_s
     say(f"    {name}: {len(devs)} device(s) compiled in {self.compile_s:.1f} s "
         f"(built in {time.perf_counter() - t0:.1f} s)")
     t0 = time.perf_counter()
-    *_, self.program1, self.state1 = setup(name, devs=devs[:1])
+    *_, self.program1, self.state1 = setup(name, devs=devs[:1], preset=preset)
     self.compile1_s = self.program1.compile_s
     say(f"    {name}: 1 device compiled in {self.compile1_s:.1f} s "
         f"(built in {time.perf_counter() - t0:.1f} s)")
@@ -261,9 +261,9 @@ def _split(before, after) -> tuple[float, float]:
 
 
 def measure_one(name: str, devs, rounds: int, steps: int, warmup: int, log_dir: str,
-                say, min_round_s: float = 1.0) -> dict[str, Any]:
+                say, min_round_s: float = 1.0, preset: str = "cpu") -> dict[str, Any]:
   from benchmarks import stops  # pylint: disable=import-outside-toplevel
-  r = _Runner(name, devs, steps, log_dir, say)
+  r = _Runner(name, devs, steps, log_dir, say, preset)
   r.signals = stops.Signals()
   try:
     for way in WAYS:       # first calls: placement, first batches, warm caches
@@ -328,7 +328,8 @@ def measure_one(name: str, devs, rounds: int, steps: int, warmup: int, log_dir: 
         "devices_busy": threads["bare"][1] / (cores * sum(wall["bare"]) * steps),
         "cores": cores}
   return {
-      "benchmark": name, "devices": len(devs), "global_batch": r.cfg.global_batch_size,
+      "benchmark": name, "preset": preset, "devices": len(devs),
+      "global_batch": r.cfg.global_batch_size,
       "steps_per_round": steps, "rounds": rounds,
       "ms_per_step": {w: statistics.median(v) * 1e3 for w, v in wall.items()},
       "cpu_ms_per_step": {w: statistics.median(v) * 1e3 for w, v in cpu.items()},
@@ -344,15 +345,16 @@ def measure_one(name: str, devs, rounds: int, steps: int, warmup: int, log_dir: 
 
 
 def measure(say, names=("resnet", "transformer", "ssd", "lm"), rounds: int = 12,
-            steps: int = 5, warmup: int = 1) -> dict[str, Any]:
-  """Targets 2 and 4 for each benchmark's CPU default over all devices."""
+            steps: int = 5, warmup: int = 1, preset: str = "cpu") -> dict[str, Any]:
+  """Targets 2 and 4 for each benchmark's CPU default (or another `preset`: `--quick`'s tiny
+  one) over all devices."""
   import jax  # pylint: disable=import-outside-toplevel
   devs = jax.devices()
   out = {}
   with tempfile.TemporaryDirectory(prefix="meshperf-perf-logs-") as log_dir:
     for name in names:
-      say(f"  {name}: CPU default, {len(devs)} device(s) and 1")
-      out[name] = measure_one(name, devs, rounds, steps, warmup, log_dir, say)
+      say(f"  {name}: {preset_name(preset)}, {len(devs)} device(s) and 1")
+      out[name] = measure_one(name, devs, rounds, steps, warmup, log_dir, say, preset=preset)
       m = out[name]
       say(f"    {name}: harness / bare {m['ratio']['harness']:.3f}, loop / bare "
           f"{m['ratio']['loop']:.3f}, fed / bare {m['ratio']['fed']:.3f}, loop / fed "
@@ -382,7 +384,8 @@ def rows(result: dict[str, Any]) -> list[dict[str, Any]]:
                    f"({q['again'][0]:.3f}-{q['again'][1]:.3f})" + _share(m))})
   for name, m in result.items():
     q = m["ratio_quartiles"]["scaling"]
-    ref = REFERENCE_SCALING.get(name)
+    cpu = m.get("preset", "cpu") == "cpu"
+    ref = REFERENCE_SCALING.get(name) if cpu else None
     out.append({
         "target": "4", "what": f"{name}: {m['devices']} devices / 1 device, same global batch",
         "value": f"{m['ratio']['scaling']:.2f}x the time",
@@ -390,7 +393,9 @@ def rows(result: dict[str, Any]) -> list[dict[str, Any]]:
         "met": ref is None or m["ratio"]["scaling"] <= SCALING_SLACK * ref,
         "detail": f"quartiles {q[0]:.2f}-{q[1]:.2f}; reference "
                   + (f"{ref:.2f}" if ref else "none yet (REFERENCE_SCALING: a first run's "
-                                              "figure becomes it)")})
+                                              "figure becomes it)" if cpu else
+                     f"none for the {preset_name(m['preset'])} (REFERENCE_SCALING holds the "
+                     f"CPU defaults')")})
   return out
 
 
@@ -405,8 +410,9 @@ def _share(m: dict[str, Any]) -> str:
 
 
 def markdown(result: dict[str, Any]) -> list[str]:
-  lines = ["", ("Targets 2 and 4, each benchmark's CPU default (ms per step, medians of rounds; "
-                "ratios: medians of per-round ratios):"), "",
+  preset = next(iter(result.values()), {}).get("preset", "cpu")
+  lines = ["", (f"Targets 2 and 4, each benchmark's {preset_name(preset)} (ms per step, medians of "
+                f"rounds; ratios: medians of per-round ratios):"), "",
            ("| benchmark | devices | global batch | harness | loop (cached batches) | fed | "
             "bare step | 1 device | harness / bare | loop / bare | fed / bare | loop / fed | "
             "again / bare (noise) | N / 1 device |"),
