@@ -248,6 +248,13 @@ def _thread_cpu() -> dict[int, tuple[bool, float]] | None:
   return out
 
 
+def usable_cores() -> int:
+  """The cores this process may run on (its affinity mask where the OS has one)."""
+  if hasattr(os, "sched_getaffinity"):
+    return len(os.sched_getaffinity(0))
+  return os.cpu_count() or 1
+
+
 def _split(before, after) -> tuple[float, float]:
   """CPU seconds between two `_thread_cpu` readings: (Python threads, other threads)."""
   host = other = 0.0
@@ -313,8 +320,7 @@ def measure_one(name: str, devs, rounds: int, steps: int, warmup: int, log_dir: 
   def per_step(cpu_s: float) -> float:     # all rounds' CPU seconds, in ms per step
     return cpu_s * 1e3 / (rounds * steps)
 
-  cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-           else os.cpu_count() or 1)      # the cores this process may run on
+  cores = usable_cores()
   thread_cpu = None
   if proc:
     thread_cpu = {

@@ -44,7 +44,8 @@ class HostLoad:
   _BLOCK = bytes(65536)
 
   def __init__(self, share: float, gil: bool):
-    self.duty = min(1.0, share * (os.cpu_count() or 1))
+    from benchmarks.perf_loop import usable_cores  # pylint: disable=import-outside-toplevel
+    self.duty = min(1.0, share * usable_cores())
     self.gil, self.cpu_s = gil, 0.0
     self.on, self._stop = threading.Event(), threading.Event()
     self._thread = threading.Thread(target=self._run, daemon=True)
@@ -95,6 +96,7 @@ def main(argv: list[str]) -> int:
   import jax  # pylint: disable=import-outside-toplevel
 
   from benchmarks import perf_loop, stops  # pylint: disable=import-outside-toplevel
+  from benchmarks.perf import quartiles  # pylint: disable=import-outside-toplevel
   from logs import observe  # pylint: disable=import-outside-toplevel
   what = argv[1]
   name = argv[2] if len(argv) > 2 else "lm"
@@ -142,13 +144,11 @@ def main(argv: list[str]) -> int:
 
     def ratio(x, y):      # the median of the per-round ratios (quartiles)
       per_round = [p / q for p, q in zip(t[x], t[y])]
-      if len(per_round) < 2:
-        return f"{per_round[0]:.3f}"
-      q = statistics.quantiles(per_round, n=4)
-      return f"{statistics.median(per_round):.3f} ({q[0]:.3f}-{q[2]:.3f})"
+      lo, hi = quartiles(per_round)
+      return f"{statistics.median(per_round):.3f} ({lo:.3f}-{hi:.3f})"
 
     if loads:
-      cores = os.cpu_count() or 1
+      cores = perf_loop.usable_cores()
       took = (f", again / bare (noise) {ratio('again', 'bare')}; share of the {cores} cores' "
               f"time taken: " + ", ".join(f"{k} {load.cpu_s / (sum(t[k]) * cores):.1%}"
                                           for k, load in loads.items()))
