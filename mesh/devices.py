@@ -116,8 +116,21 @@ def _die(error: RunEnded, claimed: bool = False) -> None:
   try:
     sys.stdout.flush()
     print(f"error: {error}", file=sys.stderr, flush=True)
+    _last_words_said()
   finally:
     os._exit(error.status)  # pylint: disable=protected-access
+
+
+def _last_words_said() -> None:
+  """Points this process's stderr at /dev/null once its last words are written and it is about
+  to `os._exit`: the runtime's own threads, which see the same lost peer, would otherwise log
+  after them (jax's "Terminating process because the JAX distributed service detected fatal
+  errors", a Gloo or gRPC error), and the user's last line would be theirs, not ours. Only for
+  the fast endings, where nothing after this line is ours."""
+  sys.stderr.flush()
+  null = os.open(os.devnull, os.O_WRONLY)
+  os.dup2(null, 2)
+  os.close(null)
 
 
 @contextlib.contextmanager
@@ -279,9 +292,9 @@ def exit_process(code: int):
   the barrier."""
   if not _WATCH or code not in _FAST_EXIT:
     sys.exit(code)
-  _mark_failed(code)
   sys.stdout.flush()
-  sys.stderr.flush()
+  _last_words_said()
+  _mark_failed(code)
   os._exit(code)  # pylint: disable=protected-access
 
 
