@@ -23,7 +23,7 @@ from benchmarks.common import weights
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["resnet", "--model_depth=10", "--model_width=8", "--global_batch_size=32",
-        "--eval_batch_size=64", "--bn_span=4", "--max_epochs=3", "--checkpoint_every=1",
+        "--eval_batch_size=64", "--bn_span=4", "--max_epochs=2", "--checkpoint_every=1",
         "--progress_every_s=0"]
 STEPS_PER_EPOCH = 44      # the digits dataset's 1,437 training images / 32
 
@@ -145,6 +145,12 @@ def test_sigkill_then_resume_is_bit_identical(baseline, tmp_path, where):
   assert rc == 1, err[-3000:]
   assert f"resumed from the checkpoint after step {STEPS_PER_EPOCH}" in stdout
   _assert_bit_identical(_final_params(out), baseline[1])
+  # The resumed part runs epoch 2 only, and evaluates it as the uninterrupted run did.
+  resumed, straight = _summary(out), _summary(baseline[0])
+  assert resumed["steps"] == STEPS_PER_EPOCH and straight["steps"] == 2 * STEPS_PER_EPOCH
+  assert [e["epoch_num"] for e in resumed["evals"]] == [2]
+  assert resumed["evals"][0]["train_loss"] == straight["evals"][1]["train_loss"]
+  assert resumed["final_quality"] == straight["final_quality"]
 
 
 def test_nan_loss_stops_within_the_check_window(tmp_path):
