@@ -390,7 +390,8 @@ def test_last_line_is_ours_when_the_runtime_logs_while_ending(tmp_path):
   script = tmp_path / "runtime.py"
   script.write_text(_RUNTIME_SPEAKS_LAST)
   p = subprocess.run([sys.executable, str(script)], cwd=ROOT, env={**_env(x64=False),
-                     "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=120)
+                     "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=120,
+                     check=False)
   assert p.returncode == 6, p.stderr
   assert p.stderr.strip().splitlines() == [
       "error: a collective with the other processes failed"], p.stderr
