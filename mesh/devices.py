@@ -126,9 +126,13 @@ def _last_words_said() -> None:
   to `os._exit`: the runtime's own threads, which see the same lost peer, would otherwise log
   after them (jax's "Terminating process because the JAX distributed service detected fatal
   errors", a Gloo or gRPC error), and the user's last line would be theirs, not ours. Only for
-  the fast endings, where nothing after this line is ours."""
+  the fast endings, where nothing after this line is ours. Never in the way of the ending: where
+  /dev/null cannot be opened (no file descriptor left), stderr stays as it is."""
   sys.stderr.flush()
-  null = os.open(os.devnull, os.O_WRONLY)
+  try:
+    null = os.open(os.devnull, os.O_WRONLY)
+  except OSError:
+    return
   os.dup2(null, 2)
   os.close(null)
 
