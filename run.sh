@@ -81,14 +81,14 @@ case "$verb" in
   ablate)
     shift; bootstrap
     if wants_topology "$@"; then install_extra tpu; fi
-    exec "$VENV/bin/python" -m benchmarks.ablate "$@" ;;
+    exec "$VENV/bin/python" -m benchmarks.sweep.ablate "$@" ;;
   sweep)
     shift; bootstrap
     if wants_topology "$@"; then install_extra tpu; fi
     exec "$VENV/bin/python" -m benchmarks.sweep "$@" ;;
   scale)
     shift; bootstrap; install_extra tpu
-    exec "$VENV/bin/python" -m benchmarks.scale "$@" ;;
+    exec "$VENV/bin/python" -m benchmarks.pod.scale "$@" ;;
   perf)
     shift; bootstrap
     exec "$VENV/bin/python" -m benchmarks.perf "$@" ;;

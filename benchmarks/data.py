@@ -5,7 +5,7 @@ global arrays. Eval batches carry a `mask` (1 for real examples, 0 for padding) 
 counts exactly once whatever the device and process count.
 
 A dataset can also be *described* without being read (`described`): its published sizes and one
-batch's field shapes, all a compile-only run of a pod needs (`benchmarks.compile_only`).
+batch's field shapes, all a compile-only run of a pod needs (`benchmarks.pod.compile_only`).
 """
 
 from __future__ import annotations

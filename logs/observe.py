@@ -2,7 +2,7 @@
 
 - TensorBoard events in `<output_dir>/tensorboard/run_<run_index>/`, written with tensorboardX
   (TensorBoard's event-file format without TensorFlow). The loop keeps training metrics on the
-  device and fetches them once per window (`benchmarks.stops.Window`); `window()` writes each
+  device and fetches them once per window (`benchmarks.loop.stops.MetricsWindow`); `window()` writes each
   fetched step's metrics (`train/loss`, `train/lr`, ...) at its global step, and per window
   `perf/step_s` and `perf/examples_per_s`; `evaluation()` writes `eval/quality` (the
   benchmark's metric, as summary.json's "quality") and `eval/seconds`. Global steps, so a resumed run's events (a new file in the same folder,
@@ -157,7 +157,7 @@ class Observer:
   # --- TensorBoard scalars -------------------------------------------------------------------
 
   def window(self, fetched: list[tuple[int, dict]], step_times: list[float]) -> None:
-    """A fetched window (`Window.fetched`: each step's (global step, metrics on the host)),
+    """A fetched window (`MetricsWindow.fetched`: each step's (global step, metrics on the host)),
     `step_times` with the window's per-step seconds at its end. Each step's metrics at its
     step; step time and examples/s once, at the window's last step."""
     if self._events is None or not fetched:

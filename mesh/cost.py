@@ -41,7 +41,7 @@ import dataclasses
 import re
 from typing import Any
 
-from mesh import hlo_loops
+from mesh import hlo
 
 import numpy as np
 
@@ -52,10 +52,8 @@ _DTYPE_BYTES = {
     "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8,
     "c64": 8, "c128": 16,
 }
-_OP = re.compile(
-    r"=\s*(?P<shape>\(.*?\)|[a-z0-9]+\[[0-9,]*\](?:\{[^}]*\})?)\s+"
-    r"(?P<op>all-reduce|reduce-scatter|all-gather|collective-permute|all-to-all)"
-    r"(?P<suffix>-start|-done)?\(")
+_KIND = re.compile(r"^(all-reduce|reduce-scatter|all-gather|collective-permute|all-to-all)"
+                   r"(-start|-done)?$")
 _SHAPE = re.compile(r"([a-z0-9]+)\[([0-9,]*)\]")
 _IOTA = re.compile(r"\[(?P<dims>[0-9,]+)\]<=\[(?P<reshape>[0-9,]+)\](?:T\((?P<perm>[0-9,]+)\))?")
 _MESH = re.compile(
@@ -214,38 +212,38 @@ def num_devices_of(hlo_text: str) -> int | None:
 
 
 def collectives(hlo_text: str, num_devices: int | None = None,
-                unknown_trips: int | None = None, runs: dict[str, int] | None = None
-                ) -> list[Collective]:
+                unknown_trips: int | None = None, runs: dict[str, int] | None = None,
+                parsed: hlo.Parsed | None = None) -> list[Collective]:
   """Every collective op in an HLO module's text, with the bytes of its result and its groups.
 
   `num_devices` resolves `{}` (all devices); by default it is read from the module header.
+  `runs`: runs per step of each computation (`mesh.hlo.multipliers`); `parsed`: `hlo.parse`
+  of the text, when the caller has them.
   """
   if num_devices is None:
     num_devices = num_devices_of(hlo_text)
-  if runs is None:   # runs per step of each computation (`mesh.hlo_loops.multipliers`)
-    runs, _ = hlo_loops.multipliers(hlo_text, unknown_trips)
+  parsed = parsed or hlo.parse(hlo_text)
+  if runs is None:
+    runs, _ = hlo.multipliers(hlo_text, unknown_trips, parsed)
   out = []
-  computation = None
-  for line in hlo_text.splitlines():
-    c = hlo_loops.COMP.match(line)
-    if c:
-      computation = c.group("name")
-      continue
-    m = _OP.search(line)
-    if not m or m.group("suffix") == "-done":
-      continue
-    kind = m.group("op")
-    shapes = [(d, s) for d, s in _SHAPE.findall(m.group("shape"))]
-    if m.group("suffix") == "-start" and kind in ("all-gather", "collective-permute"):
-      shapes = [x for x in shapes if x[1] != ""]   # drop scalar context buffers
-      shapes = shapes[len(shapes) // 2:]           # (operands..., results...)
-    size = int(sum(_shape_bytes(d, s) for d, s in shapes))
-    raw, is_pairs = _group_text(line)
-    groups, everyone = parse_groups(raw, num_devices)
-    group_size = 2 if is_pairs else (len(groups[0]) if groups else 0)
-    dtype = ",".join(sorted({d for d, _ in shapes}))
-    out.append(Collective(kind, size, raw, line.strip(), groups, group_size, everyone, dtype,
-                          runs.get(computation, 1)))
+  for computation, body in parsed[0].items():
+    for ins in body:
+      m = _KIND.match(ins["op"])
+      if not m or m.group(2) == "-done":
+        continue
+      kind, suffix = m.groups()
+      shapes = [(d, s) for d, s in _SHAPE.findall(ins["shape"])]
+      if suffix == "-start" and kind in ("all-gather", "collective-permute"):
+        shapes = [x for x in shapes if x[1] != ""]   # drop scalar context buffers
+        shapes = shapes[len(shapes) // 2:]           # (operands..., results...)
+      size = int(sum(_shape_bytes(d, s) for d, s in shapes))
+      line = ins["line"]
+      raw, is_pairs = _group_text(line)
+      groups, everyone = parse_groups(raw, num_devices)
+      group_size = 2 if is_pairs else (len(groups[0]) if groups else 0)
+      dtype = ",".join(sorted({d for d, _ in shapes}))
+      out.append(Collective(kind, size, raw, line.strip(), groups, group_size, everyone, dtype,
+                            runs.get(computation, 1)))
   return out
 
 
@@ -344,7 +342,7 @@ def analyze_facts(f: dict[str, Any], unknown_trips: int | None = None) -> dict[s
   collectives ({kind: {count, bytes}}), collectives_by_group ([{kind, group_size, count,
   bytes}]), collective_bytes_total, num_devices, ops and group_sets (see `ops`).
   `unknown_trips`: trips assumed for loops whose count the HLO does not show (see
-  `mesh.hlo_loops.multipliers`).
+  `mesh.hlo.multipliers`).
   """
   cost = f["cost"]
   memory = dict(f["memory"])
@@ -352,9 +350,10 @@ def analyze_facts(f: dict[str, Any], unknown_trips: int | None = None) -> dict[s
     memory["total_bytes"] = (memory["argument_bytes"] + memory["output_bytes"]
                              + memory["temp_bytes"] - memory["alias_bytes"])
   text = f["hlo"]
-  loops = hlo_loops.loop_flops(text, unknown_trips)
+  parsed = hlo.parse(text)
+  loops = hlo.loop_flops(text, unknown_trips, parsed)
   num_devices = num_devices_of(text)
-  colls = collectives(text, num_devices, runs=loops["runs"])
+  colls = collectives(text, num_devices, runs=loops["runs"], parsed=parsed)
   summary = _by_kind(colls)
   op_list, group_sets = ops(colls)
   return {

@@ -15,7 +15,7 @@ checkpoint's weights: a bfloat16 gather would round them. Gathering in bfloat16 
 for tensors the model reads solely through a cast to bfloat16 (the Transformer's attention and
 feed-forward kernels; not its embedding, looked up in float32, nor layer norms) and only if
 the float32 master rows live in the state separately from the forward's gathered copy, a
-change of the state's layout in `benchmarks.step`. Measured on the Transformer's tpu-v3-2048
+change of the state's layout in `benchmarks.loop.step`. Measured on the Transformer's tpu-v3-2048
 preset compiled for v3:32x32 with a prototype that gathers those kernels in bfloat16: 817 ->
 476 MiB of all-gathers per core per step. (XLA's CPU backend turns bfloat16 all-gathers into
 float32 ones, so on CPU devices only the lowered program shows the difference.)"""

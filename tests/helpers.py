@@ -9,8 +9,8 @@ import optax
 import pytest
 from flax import linen as nn
 
-from benchmarks import step as step_lib
-from benchmarks import train
+from benchmarks.loop import step as step_lib
+from benchmarks.loop.build import build_sharder
 from benchmarks.resnet import suite
 from benchmarks.resnet.config import PRESETS
 from mesh import devices
@@ -61,8 +61,8 @@ def single_device_baseline(task, seed: int, batches):
 
 def planned(mesh: str, layout: str, opts: str = "none"):
   """(sharder, plan) for a mesh, layout and --optimizations string, as the loop builds them."""
-  return train.build_sharder(types.SimpleNamespace(mesh=mesh, layout=layout,
-                                                   optimizations=opts))
+  return build_sharder(types.SimpleNamespace(mesh=mesh, layout=layout,
+                                             optimizations=opts))
 
 
 def sharded_run(task, shd: Sharder, seed: int, batches, plan=None):

@@ -25,9 +25,9 @@ from tests.test_transformer_data import _write_wmt14
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VERBS = {"main": [sys.executable, "-m", "benchmarks.main"],
-         "ablate": [sys.executable, "-m", "benchmarks.ablate"],
+         "ablate": [sys.executable, "-m", "benchmarks.sweep.ablate"],
          "sweep": [sys.executable, "-m", "benchmarks.sweep"],
-         "scale": [sys.executable, "-m", "benchmarks.scale"],
+         "scale": [sys.executable, "-m", "benchmarks.pod.scale"],
          "run.sh": [os.path.join(ROOT, "run.sh")]}
 # SSD on a COCO folder: a model and batch that would pass every other check. One device and
 # eval batches of one image: the damaged validation image (the third) is not in the first eval

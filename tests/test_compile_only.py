@@ -57,7 +57,7 @@ def _tiny_resnet(**kw):
 
 @pytest.fixture(scope="module")
 def resnet_v3():
-  from benchmarks import compile_only
+  from benchmarks.pod import compile_only
   topology.prepare_host()
   return compile_only.analyze("resnet", _tiny_resnet(), "v3:2x2", say=lambda s: None)
 
@@ -155,7 +155,7 @@ def test_the_compile_cache_reuses_programs_until_their_code_changes(tmp_path, mo
   """A compiled program's facts are cached: the same config reads them back (same summary, no
   compile); a changed source file that compiled it makes it compile again."""
   import gzip
-  from benchmarks import compile_only
+  from benchmarks.pod import compile_only
   cfg = helpers.tiny_resnet()
   quiet = lambda s: None                                          # noqa: E731
   first = compile_only.analyze("resnet", cfg, None, say=quiet, cache_dir=str(tmp_path))
@@ -172,7 +172,7 @@ def test_the_compile_cache_reuses_programs_until_their_code_changes(tmp_path, mo
                                say=quiet, cache_dir=str(tmp_path))
   assert compiles == [1] and other["train"]["flops_per_device"] != first["train"][
       "flops_per_device"]
-  from benchmarks import compile_cache
+  from benchmarks.pod import compile_cache
   entry = compile_cache.path_of(str(tmp_path), compile_cache.cache_key(
       "resnet", cfg, None, True, compile_cache.versions()))
   with gzip.open(entry, "rt") as f:
@@ -191,7 +191,7 @@ def test_loop_trips_counted_in_tpu_programs():
   """TPU HLO drops fori_loop's known_trip_count; the trips are read from the loop (i < 2 from
   0), so gradient accumulation's 2 micro-batches count the FLOPs of the whole batch (XLA's
   cost analysis alone counts the loop body once: half)."""
-  from benchmarks import compile_only
+  from benchmarks.pod import compile_only
   topology.prepare_host()
   out = {}
   for opts in ("none", "grad_accum:2"):

@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from benchmarks import registry, train
+from benchmarks import registry
+from benchmarks.loop import outputs, train
 from benchmarks.config import Common
 from benchmarks.task import Spec
 from logs import compliance
@@ -41,7 +42,7 @@ def test_tiny_preset_end_to_end(name, tmp_path, monkeypatch):
                             **{spec.target_field: 1e-6 if spec.higher_is_better else 1e6})
   mod.validate(cfg)
   out = tmp_path / "run"
-  summary = train.run(cfg, name, train.RunOptions(output_dir=str(out), quiet=True))
+  summary = train.run(cfg, name, outputs.RunOptions(output_dir=str(out), quiet=True))
   assert json.loads(json.dumps(summary, default=float)) == json.loads(
       (out / "summary.json").read_text())
   assert summary["steps"] > 0 and summary["evals"] and summary["final_quality"] is not None

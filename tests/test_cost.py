@@ -256,7 +256,7 @@ def test_tpu_collective_permute_pairs():
 def test_loops_count_their_trips():
   """cost_analysis counts a loop body once; `analyze` adds the other trips' dots (and
   convolutions) and counts a collective in a loop once per trip."""
-  from mesh import hlo_loops
+  from mesh import hlo
   mesh = jax.make_mesh((8,), ("x",), axis_types=(AxisType.Explicit,))
   w = jnp.ones((128, 128))
   matmul = 2 * 64 * 128 * 128
@@ -285,15 +285,15 @@ def test_loops_count_their_trips():
     return jax.lax.fori_loop(0, 3, lambda _, s: jax.lax.fori_loop(0, 4, inner, s), a)
 
   text = jax.jit(conv).lower(0.0).compile().as_text()
-  runs, loops = hlo_loops.multipliers(text)
+  runs, loops = hlo.multipliers(text)
   assert sorted((lp["trips"], lp["runs"]) for lp in loops) == [(3, 1), (4, 3)]
-  assert hlo_loops.loop_flops(text)["extra_flops"] == 11 * 2 * (2 * 16 * 16 * 8) * (3 * 3 * 4)
+  assert hlo.loop_flops(text)["extra_flops"] == 11 * 2 * (2 * 16 * 16 * 8) * (3 * 3 * 4)
 
 
 def test_a_loop_that_ends_on_a_condition_runs_the_bound_it_is_given():
   """A while_loop whose end depends on data (like beam search) shows no trip count; its body
   counts once, or as many times as the caller's bound says."""
-  from mesh import hlo_loops
+  from mesh import hlo
   w = jnp.ones((128, 128))
 
   def f(a):
@@ -301,8 +301,8 @@ def test_a_loop_that_ends_on_a_condition_runs_the_bound_it_is_given():
                               (0, a))[1]
 
   text = jax.jit(f).lower(jnp.ones((64, 128))).compile().as_text()
-  assert [lp["trips"] for lp in hlo_loops.multipliers(text)[1]] == [None]
-  assert hlo_loops.loop_flops(text)["extra_flops"] == 0
-  bounded = hlo_loops.loop_flops(text, unknown_trips=5)
+  assert [lp["trips"] for lp in hlo.multipliers(text)[1]] == [None]
+  assert hlo.loop_flops(text)["extra_flops"] == 0
+  bounded = hlo.loop_flops(text, unknown_trips=5)
   assert bounded["extra_flops"] == 4 * 2 * 64 * 128 * 128
   assert bounded["loops"][0]["assumed"] == 5 and bounded["unknown_trips"] == 1

@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from benchmarks import train
+from benchmarks.loop import outputs, train
 from benchmarks.resnet import data as data_lib
 from mesh.errors import UserError
 from tests import helpers
@@ -58,7 +58,7 @@ def test_each_process_reads_its_own_shard(imagenet_dir):
 
 def test_trains_an_epoch_on_it(imagenet_dir, tmp_path):
   s = train.run(_cfg(imagenet_dir, max_epochs=1), "resnet",
-                train.RunOptions(output_dir=str(tmp_path), quiet=True))
+                outputs.RunOptions(output_dir=str(tmp_path), quiet=True))
   assert s["dataset"] == "imagenet2012" and s["steps"] == N_TRAIN // 16
   assert s["evals"][0]["epoch_num"] == 1 and 0 <= s["final_quality"] <= 1
 

@@ -232,12 +232,12 @@ def test_killed_peer_ends_the_other(tmp_path):
 _WORKER = '''
 import sys, time
 from benchmarks.main import run_main
-from mesh import devices
+from mesh import devices, multihost
 
 def main(argv):
   port, n, me, crash = argv[1], int(argv[2]), int(argv[3]), argv[4] == "crash"
   devices.use_cpu_devices(1)
-  devices.maybe_initialize_distributed(f"127.0.0.1:{port}", n, me, 6)
+  multihost.maybe_initialize_distributed(f"127.0.0.1:{port}", n, me, 6)
   import jax, numpy as np
   from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
   mesh = Mesh(np.array(jax.devices()), ("d",))
@@ -331,7 +331,7 @@ def test_three_processes_end_together(tmp_path):
 _TWO_ENDINGS = '''
 import threading
 from benchmarks.main import run_main
-from mesh import devices, errors
+from mesh import errors, multihost
 
 def main(argv):
   # A peer's failure seen at once by the watchdog thread (it ends the process from its thread)
@@ -339,7 +339,7 @@ def main(argv):
   go = threading.Event()
   def watchdog():
     go.wait()
-    devices._die(errors.PeerLost("process 1 of 3 ended with status 3"))
+    multihost._die(errors.PeerLost("process 1 of 3 ended with status 3"))
   threading.Thread(target=watchdog, daemon=True).start()   # as the real watchdog
   go.set()
   raise errors.PeerLost("a collective with the other processes failed")
@@ -364,7 +364,7 @@ def test_two_endings_at_once_write_one_error_line(tmp_path):
 _RUNTIME_SPEAKS_LAST = '''
 import os, threading
 from benchmarks.main import run_main
-from mesh import devices, errors
+from mesh import errors, multihost
 
 class Client:
   """The coordination client of a process whose coordinator is gone: marking this process
@@ -375,7 +375,7 @@ class Client:
     raise RuntimeError("UNAVAILABLE: Failed to send RPC to coordination service")
 
 def main(argv):
-  devices._WATCH.update(client=Client(), key="k", stop=threading.Event(), interval=1.0,
+  multihost._WATCH.update(client=Client(), key="k", stop=threading.Event(), interval=1.0,
                         process=1)
   raise errors.PeerLost("a collective with the other processes failed")
 
@@ -386,7 +386,7 @@ run_main(main)
 def test_last_line_is_ours_when_the_runtime_logs_while_ending(tmp_path):
   """A lost peer's status-6 ending: the runtime's threads may log after the `error:` line while
   the process marks itself failed and exits (CI 2026-12-01: jax's abort message came last); the
-  user's last line is still ours (`devices._last_words_said`)."""
+  user's last line is still ours (`multihost._last_words_said`)."""
   script = tmp_path / "runtime.py"
   script.write_text(_RUNTIME_SPEAKS_LAST)
   p = subprocess.run([sys.executable, str(script)], cwd=ROOT, env={**_env(x64=False),

@@ -15,7 +15,7 @@ import pytest
 from matplotlib import image
 from tensorboard.backend.event_processing import event_accumulator
 
-from benchmarks import train
+from benchmarks.loop import outputs, train
 from logs import observe
 from tests import helpers
 
@@ -28,7 +28,7 @@ def run(tmp_path_factory):
   """Two epochs of the tiny ResNet (44 steps each, two evaluations), profiled."""
   out = tmp_path_factory.mktemp("observed")
   cfg = helpers.tiny_resnet(max_epochs=2)
-  summary = train.run(cfg, "resnet", train.RunOptions(
+  summary = train.run(cfg, "resnet", outputs.RunOptions(
       output_dir=str(out), quiet=True, nan_check_every=WINDOW, profile_steps=PROFILED))
   return out, cfg, summary
 
@@ -102,7 +102,7 @@ def test_a_png_that_cannot_be_written_changes_no_ending(run, capfd):
   (out / "summary_1.png").mkdir()
   capfd.readouterr()
   summary = train.run(dataclasses.replace(cfg, max_epochs=1), "resnet",
-                      train.RunOptions(output_dir=str(out), run_index=1, quiet=True))
+                      outputs.RunOptions(output_dir=str(out), run_index=1, quiet=True))
   err = capfd.readouterr().err
   assert summary["ending"] == "epoch_limit" and summary["exit_status"] == 1
   assert summary["plot"] is None and summary["profile"] is None

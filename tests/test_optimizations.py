@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 import optimizations
-from benchmarks import step as step_lib
-from benchmarks import train
+from benchmarks.loop import step as step_lib
+from benchmarks.loop import outputs, train
 from benchmarks.registry import BENCHMARKS
 from benchmarks.resnet import suite
-from benchmarks.scale_points import POINTS
+from benchmarks.pod.scale_points import POINTS
 from mesh import cost, devices, sharding
 from mesh.errors import UserError
 from mesh.spec import parse_layout, parse_mesh
@@ -154,7 +154,7 @@ def test_distributed_eval_equals_single_device_evaluation():
 def test_summary_shows_the_optimizations(tmp_path):
   cfg = helpers.tiny_resnet(mesh="x:4,y:2", layout="batch:x+y", max_epochs=1,
                             optimizations="grad_sum_2d,weight_update_sharding,distributed_eval")
-  s = train.run(cfg, "resnet", train.RunOptions(output_dir=str(tmp_path), quiet=True))
+  s = train.run(cfg, "resnet", outputs.RunOptions(output_dir=str(tmp_path), quiet=True))
   assert s["optimizations"] == ["grad_sum_2d", "weight_update_sharding", "distributed_eval"]
   assert s["plan"]["gradient_sum"] == "x then y" and s["plan"]["update"] == "ShardedUpdate"
   assert s["collectives_per_step"]["reduce-scatter"]["count"] == 2
@@ -183,7 +183,7 @@ def test_grad_accum_plan_and_log(tmp_path):
   assert _plan("grad_accum:2", "model:8", "channels:model").reduction is None
   # The loop logs MLPerf's gradient_accumulation_steps from the plan, once.
   cfg = helpers.tiny_resnet(optimizations="grad_accum:2", bn_span=2, max_epochs=1)
-  s = train.run(cfg, "resnet", train.RunOptions(output_dir=str(tmp_path), quiet=True))
+  s = train.run(cfg, "resnet", outputs.RunOptions(output_dir=str(tmp_path), quiet=True))
   assert s["plan"]["gradient_accumulation_steps"] == 2
   log = (tmp_path / "result_0.txt").read_text()
   assert log.count('"key": "gradient_accumulation_steps", "value": 2,') == 1
@@ -191,7 +191,7 @@ def test_grad_accum_plan_and_log(tmp_path):
   # A batch that does not split into replicas x micro-batches is refused before training.
   bad = helpers.tiny_resnet(optimizations="grad_accum:3", max_epochs=1)
   with pytest.raises(UserError, match="x 3 micro-batches"):
-    train.run(bad, "resnet", train.RunOptions(output_dir=str(tmp_path / "bad"), quiet=True))
+    train.run(bad, "resnet", outputs.RunOptions(output_dir=str(tmp_path / "bad"), quiet=True))
 
 
 # --- an optimization that would do nothing on a benchmark is bad input ------------------------

@@ -172,11 +172,11 @@ def test_olympic_mean_follows_mlperf_rules():
 def test_a_series_compile_cache_is_removed_and_no_longer_named():
   import jax  # pylint: disable=import-outside-toplevel
 
-  from benchmarks import main  # pylint: disable=import-outside-toplevel
+  from benchmarks.loop import series  # pylint: disable=import-outside-toplevel
   before = jax.config.jax_compilation_cache_dir     # the test session's (tests/conftest.py)
   jax.config.update("jax_compilation_cache_dir", None)   # as a run without one starts
   try:
-    with main._compiled_once():  # pylint: disable=protected-access
+    with series.compiled_once():
       folder = jax.config.jax_compilation_cache_dir
       assert folder and os.path.isdir(folder)
     assert not os.path.exists(folder)

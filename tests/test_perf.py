@@ -1,5 +1,5 @@
-"""`./run.sh perf` (issue 13): the hand-written baseline is meshperf's ResNet, and the quick run
-writes its reports. Nothing here is timed: speed is what the script measures, not what a test
+"""`./run.sh perf`: the hand-written baseline is meshperf's ResNet, and the quick run writes its
+reports. Nothing here is timed: speed is what the script measures, not what a test
 asserts."""
 
 import json
@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from benchmarks import perf
-from benchmarks import step as step_lib
-from benchmarks import train
-from benchmarks.perf_baseline import Baseline, BaselineResNet, meshperf_names, param_count
-from benchmarks.resnet import suite
+from benchmarks.loop import step as step_lib
+from benchmarks.loop.build import build
+from benchmarks.perf import cli, handwritten
+from benchmarks.perf import report as report_lib
+from benchmarks.perf.baseline import Baseline, BaselineResNet, meshperf_names, param_count
+from benchmarks.registry import BENCHMARKS
 from benchmarks.resnet.model import ResNet
-from mesh.sharding import use
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -29,22 +29,19 @@ def test_baseline_is_meshperf_resnet_same_weights_same_step():
   """ResNet-10 of width 8 on 2 devices, cross-replica batch norm: equal parameter trees and
   counts, equal eval-forward FLOPs, and one training step of each from the same weights gives
   the same loss and parameters (float32)."""
-  a = perf.parse_args(["--quick", "--batch=8"])
+  a = cli.parse_args(["--quick", "--batch=8"])
   devs = jax.devices()[:2]
-  cfg = perf.resnet_config(a, len(devs))
-  sharder, plan = train.build_sharder(cfg, devs)
-  task = suite.build(cfg, replicas=train.check_batches(cfg, sharder, plan, 1))
-  images, labels = perf._synthetic(a)  # pylint: disable=protected-access
+  cfg = handwritten.resnet_config(a, len(devs))
+  built = build(cfg, BENCHMARKS["resnet"], devs=devs, with_eval=False)
+  program, state = built.program, built.state
+  images, labels = handwritten._synthetic(a)  # pylint: disable=protected-access
   local = {"image": images, "label": labels}
-  program, init = step_lib.compile_steps(task, sharder, 0, local, None, 1, plan)
   base = Baseline(devs, a.depth, a.width, a.num_classes, a.image_size, a.batch,
-                  lr=perf.baseline_lr(cfg))
+                  lr=handwritten.baseline_lr(cfg))
   bstate = base.init()
   first = lambda t: jax.tree.map(lambda x: np.asarray(x[0]), t)  # noqa: E731
   params0, stats0 = meshperf_names(first(bstate[0])), meshperf_names(first(bstate[1]))
 
-  with use(sharder):
-    state = init()
   assert jax.tree.structure(params0) == jax.tree.structure(state["params"])
   assert jax.tree.structure(stats0) == jax.tree.structure(state["model_state"]["batch_stats"])
   for x, y in zip(jax.tree.leaves(params0), jax.tree.leaves(state["params"])):
@@ -84,7 +81,7 @@ def test_quick_run_writes_its_reports_and_the_last_line(tmp_path):
                      cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
   last = r.stdout.strip().splitlines()[-1]
-  m = re.fullmatch(r"perf: (\d+) of (\d+) targets met", last)
+  m = re.fullmatch(r"perf: (\d+) of (\d+) goals met", last)
   assert m, last
   report = json.loads((out / "perf.json").read_text())
   assert (report["met"], report["of"]) == (int(m.group(1)), int(m.group(2)))
@@ -100,12 +97,11 @@ def test_quick_run_writes_its_reports_and_the_last_line(tmp_path):
     if n == "8":   # cross-replica batch norm: both programs reduce over the devices
       assert res["hlo_ops"]["baseline"]["all-reduce"] > 0
       # Batch norm's two moments in one all-reduce per layer, as Flax's: no more all-reduces
-      # than the baseline's (one per layer + the gradients; two per layer before issue 13).
+      # than the baseline's (one per layer + the gradients).
       assert 0 < res["hlo_ops"]["meshperf"]["all-reduce"] <= res["hlo_ops"]["baseline"][
           "all-reduce"] + 1, res["hlo_ops"]
       assert res["hlo_ops"]["meshperf"]["reduce"] <= res["hlo_ops"]["baseline"]["reduce"]
-  targets = {row["target"] for row in report["targets"]}
-  assert targets == {"1", "2", "3", "4", "5", "6"}
+  assert {row["comparison"] for row in report["goals"]} == set(report_lib.ORDER)
   parts = report["parts"]
   assert sorted(parts) == ["eval", "input", "loop"]
   loop = parts["loop"]["resnet"]
@@ -130,12 +126,12 @@ def test_quick_run_writes_its_reports_and_the_last_line(tmp_path):
 
 
 def test_thread_cpu_counts_python_threads_as_the_host_and_xla_threads_apart():
-  """Target 2's thread split (`perf_loop._thread_cpu`): a Python thread spinning 0.3 s is host
+  """loop_overhead's thread split (`harness._thread_cpu`): a Python thread spinning 0.3 s is host
   CPU; an 8-device matmul computed on XLA's threads while the main thread waits for it is not."""
   import threading  # pylint: disable=import-outside-toplevel
   import time  # pylint: disable=import-outside-toplevel
 
-  from benchmarks import perf_loop  # pylint: disable=import-outside-toplevel
+  from benchmarks.perf import harness as perf_loop  # pylint: disable=import-outside-toplevel
   if perf_loop._thread_cpu() is None:  # pylint: disable=protected-access
     pytest.skip("no /proc/self/task here: the report leaves the thread split out")
   x = jax.device_put(jnp.ones((8 * 256, 512)), jax.sharding.NamedSharding(
@@ -167,26 +163,3 @@ def test_thread_cpu_counts_python_threads_as_the_host_and_xla_threads_apart():
   assert host >= 0.28, (host, other)
   assert other >= 0.05, (host, other)
   assert main < other, ("the matmuls ran on the main thread", main, host, other)
-
-
-@pytest.mark.parametrize("gil", [True, False], ids=["python", "hashing"])
-def test_host_load_takes_its_share_of_the_cores_only_while_on(gil):
-  """`perf_variants host_load`'s thread: on for 0.6 s at half of one core, it computes about
-  0.3 s (descheduling on a busy machine gives it less, never more than its duty); off, nothing
-  beyond the 10 ms period it was in."""
-  import time  # pylint: disable=import-outside-toplevel
-
-  from benchmarks.perf_loop import usable_cores  # pylint: disable=import-outside-toplevel
-  from benchmarks.perf_variants import HostLoad  # pylint: disable=import-outside-toplevel
-  load = HostLoad(0.5 / usable_cores(), gil=gil)
-  assert load.duty == pytest.approx(0.5)
-  time.sleep(0.1)
-  assert load.cpu_s == 0.0
-  load.running(lambda: time.sleep(0.6))()
-  time.sleep(0.02)              # the period it was in when switched off
-  on = load.cpu_s
-  time.sleep(0.2)
-  off = load.cpu_s - on
-  load.close()
-  assert 0.1 < on < 0.3 + 0.02, on
-  assert off == 0.0, off

@@ -1,4 +1,4 @@
-"""`benchmarks.perf_input` (issue 13, target 3): the input pipelines timed on datasets in their
+"""`benchmarks.perf.pipelines` (comparison `input_headroom`): the input pipelines timed on datasets in their
 real formats, and batches that do not depend on the number of worker processes. Speed is never
 asserted: the structures and the rows are."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from benchmarks import config as config_lib
-from benchmarks import perf_input
+from benchmarks.perf import pipelines as perf_input
 from benchmarks.resnet import data as resnet_data
 from benchmarks.resnet.config import PRESETS as RESNET
 from benchmarks.ssd import data as ssd_data
@@ -30,9 +30,9 @@ def _check(result, names, workers, steps):
               "examples_per_core_s", "cores_busy"} <= set(p)
   rows = perf_input.rows(result)
   assert len(rows) == len(names)
-  assert {tuple(sorted(r)) for r in rows} == {("detail", "goal", "met", "target", "value",
+  assert {tuple(sorted(r)) for r in rows} == {("comparison", "detail", "goal", "met", "value",
                                                "what")}
-  assert all(r["target"] == "3" and isinstance(r["met"], bool) for r in rows)
+  assert all(r["comparison"] == "input_headroom" and isinstance(r["met"], bool) for r in rows)
   table = perf_input.markdown(result)
   n = sum(len(b["pipelines"]) for b in result["benchmarks"].values())
   assert len([line for line in table if line.startswith("| ")]) == n + 1   # header + rows

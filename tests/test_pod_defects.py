@@ -17,7 +17,7 @@ import pytest
 from flax import linen as nn
 from jax.sharding import PartitionSpec
 
-from benchmarks import step as step_lib
+from benchmarks.loop import step as step_lib
 from benchmarks.common.convnet import BatchNorm
 from benchmarks.ssd import detect
 from benchmarks.ssd import suite as ssd_suite

@@ -194,7 +194,7 @@ def test_a_failed_save_leaves_the_previous_checkpoint_whole(tmp_path, capfd):
 
   import jax  # pylint: disable=import-outside-toplevel
 
-  from benchmarks import checkpoints  # pylint: disable=import-outside-toplevel
+  from benchmarks.loop import checkpoints  # pylint: disable=import-outside-toplevel
   from mesh.errors import CheckpointFailed  # pylint: disable=import-outside-toplevel
   state = {"step": np.int32(1), "params": {"w": np.arange(300_000, dtype=np.float32)}}
   where = {"step": 1, "seed": 0, "global_batch_size": 32, "num_train": 100, "steps_per_epoch": 3}

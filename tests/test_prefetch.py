@@ -1,11 +1,11 @@
-"""benchmarks.prefetch: the order is the pipeline's, errors arrive at their batch, close stops."""
+"""benchmarks.loop.prefetch: the order is the pipeline's, errors arrive at their batch, close stops."""
 
 import threading
 import time
 
 import pytest
 
-from benchmarks.prefetch import Prefetch
+from benchmarks.loop.prefetch import Prefetch
 
 
 def test_same_items_in_the_same_order():

@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from benchmarks import train
+from benchmarks.loop import outputs, train
 from benchmarks.resnet.config import PRESETS
 from logs import compliance
 from tests import helpers
@@ -42,7 +42,7 @@ def test_cpu_default_reaches_target_and_passes_checker(tmp_path):
 
 def _closed_run(tmp_path, **kw):
   cfg = helpers.tiny_resnet(max_epochs=1, **kw)
-  opts = train.RunOptions(output_dir=str(tmp_path), division="closed", quiet=True)
+  opts = outputs.RunOptions(output_dir=str(tmp_path), division="closed", quiet=True)
   summary = train.run(cfg, "resnet", opts)
   assert summary["status"] == "aborted"      # one epoch of a tiny model cannot reach 0.98
   return compliance.check_path(str(tmp_path))

@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from benchmarks import compile_cache, scale
-from benchmarks.scale_points import CHIPS, POINTS, TOPOLOGIES
+from benchmarks.pod import compile_cache, scale
+from benchmarks.pod.scale_points import CHIPS, POINTS, TOPOLOGIES
 from mesh.spec import parse_layout, parse_mesh
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -114,7 +114,7 @@ def test_cached_code_is_checked_file_by_file(tmp_path):
 def test_loaded_code_is_the_compile_path_not_the_point_tables():
   loaded = compile_cache.loaded_code()
   assert "pyproject.toml" in loaded and "mesh/spec.py" in loaded
-  assert "benchmarks/scale.py" not in loaded and "benchmarks/scale_points.py" not in loaded
+  assert "benchmarks/pod/scale.py" not in loaded and "benchmarks/pod/scale_points.py" not in loaded
   # What reads compiled programs is not what compiles them: the model can change, cached.
   assert "mesh/steptime.py" not in loaded and "mesh/cost.py" not in loaded
   assert "benchmarks/task.py" not in loaded and "benchmarks/resnet/config.py" not in loaded
@@ -171,9 +171,9 @@ def test_the_verb_writes_table_json_plot(tmp_path):
     ([], "name a benchmark"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
-  r = subprocess.run([sys.executable, "-m", "benchmarks.scale", *args,
+  r = subprocess.run([sys.executable, "-m", "benchmarks.pod.scale", *args,
                       f"--output_dir={tmp_path}"] if args else
-                     [sys.executable, "-m", "benchmarks.scale"], cwd=ROOT, capture_output=True,
+                     [sys.executable, "-m", "benchmarks.pod.scale"], cwd=ROOT, capture_output=True,
                      text=True, timeout=120, check=False)
   assert r.returncode == 2, r.stderr
   assert r.stderr.strip().startswith("error: ") and needle in r.stderr, r.stderr

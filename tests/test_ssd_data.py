@@ -14,7 +14,7 @@ from benchmarks.resnet.model import ResNet
 from benchmarks.ssd import data as data_lib
 from benchmarks.ssd import shapes, suite
 from benchmarks.ssd.config import PRESETS
-from benchmarks.step import _warm_start
+from benchmarks.loop.step import _warm_start
 from mesh.errors import UserError
 
 

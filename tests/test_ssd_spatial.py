@@ -12,10 +12,10 @@ import jax
 import numpy as np
 import pytest
 
-from benchmarks import train
+from benchmarks.loop import outputs, train
 from benchmarks.ssd import suite
 from benchmarks.ssd.config import PRESETS
-from benchmarks.step import compile_program, global_batch
+from benchmarks.loop.step import compile_program, global_batch
 from logs import compliance
 from tests import helpers
 
@@ -76,7 +76,7 @@ def test_closed_log_meets_every_closed_rule_but_the_target(x64, tmp_path):
   cfg = x64[0]
   out = tmp_path / "run"
   with jax.enable_x64(True):
-    summary = train.run(cfg, "ssd", train.RunOptions(output_dir=str(out),
+    summary = train.run(cfg, "ssd", outputs.RunOptions(output_dir=str(out),
                                                            division="closed", quiet=True))
   assert summary["status"] == "aborted" and summary["steps"] == 2
   assert 0 <= summary["final_quality"] < 0.23

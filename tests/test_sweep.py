@@ -1,4 +1,4 @@
-"""`./run.sh sweep` (benchmarks/sweep.py): a tiny ResNet over two optimizations, timed (its CSV,
+"""`./run.sh sweep` (benchmarks/sweep/): a tiny ResNet over two optimizations, timed (its CSV,
 Markdown and plots; a resumed sweep redoes only what had not finished; a folder of another
 sweep is refused) and trained to a lowered target over two seeds (real run folders)."""
 
@@ -10,7 +10,8 @@ import os
 import pytest
 from PIL import Image
 
-from benchmarks import sweep, sweep_grid, sweep_measure
+from benchmarks.sweep import run as sweep
+from benchmarks.sweep import grid, measure
 from benchmarks.resnet.config import SPEC
 from benchmarks.resnet.suite import DIMENSIONS
 from logs import compliance
@@ -112,17 +113,17 @@ def test_a_folder_of_another_sweep_is_refused(timed):
 def test_grid_sets_layouts_and_skips():
   """Three names: none, each alone, all but one, all; crossed with two layouts; a variant that
   cannot apply to a layout is skipped with the optimization's own reason (nothing compiled)."""
-  places = sweep_grid.parse_layouts("batch:data|x:4,y:2@batch:x+y", "data:-1", "batch:data")
-  names = sweep_grid.grid("grad_sum_2d,grad_accum,weight_update_sharding", "grad_accum:4",
+  places = grid.parse_layouts("batch:data|x:4,y:2@batch:x+y", "data:-1", "batch:data")
+  names = grid.grid("grad_sum_2d,grad_accum,weight_update_sharding", "grad_accum:4",
                           "resnet", DIMENSIONS, places, 8)
   assert names == (("grad_sum_2d", None), ("grad_accum", "4"), ("weight_update_sharding", None))
-  vs = sweep_grid.variants(places, names, "grad_accum:4")
+  vs = grid.variants(places, names, "grad_accum:4")
   sets = ["none", "grad_sum_2d", "weight_update_sharding", "grad_accum", "all-but-grad_sum_2d",
           "all-but-weight_update_sharding", "all-but-grad_accum", "all"]
   assert [v.key for v in vs] == [f"{p}-{k}" for p in ("L1", "L2") for k in sets]
   assert vs[-1].optimizations == "grad_sum_2d,weight_update_sharding,grad_accum:4"
   assert {v.baseline for v in vs[:8]} == {"L1-none"} and vs[8].mesh == "x:4,y:2"
-  why = {v.key: sweep_measure.why_not(sweep_measure.configure(tiny_resnet(), v), SPEC)
+  why = {v.key: measure.why_not(measure.configure(tiny_resnet(), v), SPEC)
          for v in vs}
   assert why["L1-grad_sum_2d"].startswith("grad_sum_2d needs the batch split over two mesh axes")
   assert why["L1-all"] == why["L1-grad_sum_2d"]
@@ -130,7 +131,7 @@ def test_grid_sets_layouts_and_skips():
       "L1-none", "L1-weight_update_sharding", "L1-grad_accum", "L1-all-but-grad_sum_2d"] + [
       "L2-" + k for k in sets]
   # One name: the set of all is that one alone, once.
-  one = sweep_grid.variants(places[:1], (("distributed_eval", None),), "")
+  one = grid.variants(places[:1], (("distributed_eval", None),), "")
   assert [v.optimizations for v in one] == ["none", "distributed_eval"]
 
 

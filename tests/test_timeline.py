@@ -7,7 +7,7 @@ import pytest
 
 from benchmarks.config import Common
 from benchmarks.task import Spec
-from benchmarks.train import timeline
+from benchmarks.loop.timeline import check_cadence, timeline
 from logs.mlperf import C
 from mesh.errors import UserError
 
@@ -50,7 +50,6 @@ def test_a_resumed_run_starts_where_its_checkpoint_ended():
 
 
 def test_cadence_flags_that_do_not_apply_are_refused():
-  from benchmarks.train import check_cadence
   with pytest.raises(UserError, match="evaluates after epochs"):
     check_cadence(_cfg(eval_every_samples=64), EPOCHS)
   with pytest.raises(UserError, match="evaluates every --eval_every_samples"):

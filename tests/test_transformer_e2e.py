@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from benchmarks import train
+from benchmarks.loop import outputs, train
 from benchmarks.transformer.config import PRESETS
 from logs import compliance
 
@@ -41,7 +41,7 @@ def test_closed_log_meets_every_closed_rule_but_the_target(tmp_path):
       tokenizer=str(tmp_path / "spm.model"), grammar_train_examples=600,
       grammar_eval_examples=32, max_decode_length=8, max_epochs=1, truncation="truncate")
   out = tmp_path / "run"
-  summary = train.run(cfg, "transformer", train.RunOptions(output_dir=str(out), division="closed",
+  summary = train.run(cfg, "transformer", outputs.RunOptions(output_dir=str(out), division="closed",
                                                          quiet=True))
   assert summary["status"] == "aborted"
   log = (out / "result_0.txt").read_text()

@@ -1,10 +1,10 @@
-"""benchmarks.stops.Window: metrics fetched every few steps, leaving the newest on the device.
+"""benchmarks.loop.stops.MetricsWindow: metrics fetched every few steps, leaving the newest on the device.
 
 What the loop relies on: a fetch waits only for steps older than the newest `lag` (so the device
 keeps computing while the host handles a window), a drain takes everything (a block's end, a
 signal), a NaN is named at its own step whichever fetch finds it, and the fetches' step times add
 up to the wall time between them. The device side is checked by `./run.sh perf` (steps dispatched
-onto an idle device, `benchmarks/perf_loop.py`).
+onto an idle device, `benchmarks/perf/harness.py`).
 """
 
 import math
@@ -13,21 +13,21 @@ import time
 import jax.numpy as jnp
 import pytest
 
-from benchmarks.stops import Window
+from benchmarks.loop.stops import MetricsWindow
 
 
 def _metrics(loss: float) -> dict:
   return {"loss": jnp.float32(loss), "lr": jnp.float32(0.1)}
 
 
-def _filled(window: Window, losses) -> Window:
+def _filled(window: MetricsWindow, losses) -> MetricsWindow:
   for step, loss in enumerate(losses):
     window.add(step, _metrics(loss))
   return window
 
 
 def test_full_after_every_plus_lag_steps_and_the_newest_stays_pending():
-  w = Window(5, lag=1)
+  w = MetricsWindow(5, lag=1)
   for step in range(5):
     w.add(step, _metrics(1.0))
     assert not w.full()
@@ -43,7 +43,7 @@ def test_full_after_every_plus_lag_steps_and_the_newest_stays_pending():
 
 
 def test_drain_takes_every_pending_step():
-  w = _filled(Window(10, lag=1), [1.0, 2.0, 3.0])
+  w = _filled(MetricsWindow(10, lag=1), [1.0, 2.0, 3.0])
   metrics, stop = w.fetch([], drain=True)
   assert stop is None and float(metrics["loss"]) == 3.0
   assert [s for s, _ in w.fetched] == [0, 1, 2] and w.pending == []
@@ -51,7 +51,7 @@ def test_drain_takes_every_pending_step():
 
 
 def test_lag_zero_fetches_the_newest_step():
-  w = _filled(Window(3, lag=0), [1.0, 1.0, 1.0])
+  w = _filled(MetricsWindow(3, lag=0), [1.0, 1.0, 1.0])
   assert w.full()
   w.fetch([], drain=False)
   assert w.pending == [] and [s for s, _ in w.fetched] == [0, 1, 2]
@@ -61,7 +61,7 @@ def test_lag_zero_fetches_the_newest_step():
 def test_a_nan_is_named_at_its_step_by_the_fetch_that_holds_it(bad):
   losses = [1.0] * 6
   losses[bad] = math.nan
-  w = _filled(Window(5, lag=1), losses)
+  w = _filled(MetricsWindow(5, lag=1), losses)
   _, stop = w.fetch([], drain=False)                      # steps 0-4; step 5 stays pending
   if bad < 5:
     assert stop is not None and stop.kind == "diverged" and stop.step == bad + 1
@@ -73,7 +73,7 @@ def test_a_nan_is_named_at_its_step_by_the_fetch_that_holds_it(bad):
 
 
 def test_step_times_add_up_to_the_wall_time_between_fetches():
-  w = Window(2, lag=1)
+  w = MetricsWindow(2, lag=1)
   times: list[float] = []
   t0 = time.time()
   w.start = t0

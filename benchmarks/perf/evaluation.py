@@ -1,10 +1,10 @@
-"""Issue 13 target 5: seconds per evaluation of each benchmark's CPU default, split into parts.
+"""Seconds per evaluation of each benchmark's CPU default, split into parts (`./run.sh perf`,
+comparison `eval_seconds`).
 
 Each benchmark's `PRESETS["cpu"]` (the config `./run.sh <name>` trains, on its real CPU-default
 data: digits, the grammar corpora, the shapes dataset in COCO layout) is set up as the training
-loop sets it up (`benchmarks.train.build_sharder`, `check_batches`, the suite's `build`,
-`benchmarks.step.compile_program`), then evaluated twice with the loop's own calls,
-`task.quality(benchmarks.step.evaluate(program, state, task.data.eval()))`: the first
+loop builds it (`benchmarks.loop.build`), then evaluated twice with the loop's own calls,
+`task.quality(benchmarks.loop.step.evaluate(program, state, task.data.eval()))`: the first
 evaluation includes first-call costs, the second is the figure reported. Each evaluation is split
 without adding synchronization to it:
 
@@ -73,20 +73,13 @@ def _timed_fn(fn: Callable, acc: dict, key: str) -> Callable:
 
 
 def setup(name: str, cfg=None, devs=None, preset: str = "cpu"):
-  """(cfg, task, program, state) of a benchmark (default: its `preset`, the CPU default) as the
-  training loop sets it up (one process), over `devs` (default: all devices)."""
-  import jax  # pylint: disable=import-outside-toplevel
-
-  from benchmarks import registry, train  # pylint: disable=import-outside-toplevel
-  from benchmarks.step import compile_program  # pylint: disable=import-outside-toplevel
+  """(cfg, `benchmarks.loop.build.Built`) of a benchmark (default: its `preset`, the CPU
+  default) as the training loop builds it (one process), over `devs` (default: all devices)."""
+  from benchmarks import registry  # pylint: disable=import-outside-toplevel
+  from benchmarks.loop.build import build  # pylint: disable=import-outside-toplevel
   entry = registry.BENCHMARKS[name]
   cfg = cfg or entry.config().PRESETS[preset]
-  sharder, plan = train.build_sharder(cfg, devs)
-  replicas = train.check_batches(cfg, sharder, plan, jax.process_count())
-  task = entry.build()(cfg, replicas=replicas, process_index=0, process_count=1)
-  program, state = compile_program(task, sharder, cfg.seed, *task.data.example_batches(), 1,
-                                   plan)
-  return cfg, task, program, state
+  return cfg, build(cfg, entry, devs=devs)
 
 
 def train_a_few(program, task, state, steps: int):
@@ -95,7 +88,7 @@ def train_a_few(program, task, state, steps: int):
   their collectives can deadlock XLA's CPU rendezvous."""
   import jax  # pylint: disable=import-outside-toplevel
 
-  from benchmarks.step import global_batch  # pylint: disable=import-outside-toplevel
+  from benchmarks.loop.step import global_batch  # pylint: disable=import-outside-toplevel
   done = 0
   epoch = 0
   while done < steps:
@@ -110,9 +103,9 @@ def train_a_few(program, task, state, steps: int):
 
 
 def evaluate_once(program, task, state) -> dict[str, Any]:
-  """One evaluation exactly as `benchmarks.train._evaluate` runs it, timed in parts (seconds):
+  """One evaluation exactly as `benchmarks.loop.train.evaluate` runs it, timed in parts (seconds):
   total, data, host (host_stats + quality), device (the rest); and the quality."""
-  from benchmarks.step import evaluate  # pylint: disable=import-outside-toplevel
+  from benchmarks.loop.step import evaluate  # pylint: disable=import-outside-toplevel
   acc = {"data": 0.0, "host": 0.0}
   timed = program
   if program.host_stats is not None:
@@ -135,7 +128,8 @@ def measure_one(name: str, say, train_steps: int = 0, cfg=None, preset: str = "c
   import jax  # pylint: disable=import-outside-toplevel
   say(f"  {name}: setting up the {preset_name(preset)} (data, model, compiled steps)")
   t = time.perf_counter()
-  cfg, task, program, state = setup(name, cfg, preset=preset)
+  cfg, built = setup(name, cfg, preset=preset)
+  task, program, state = built.task, built.program, built.state
   setup_s = time.perf_counter() - t
   if train_steps:
     state = train_a_few(program, task, state, train_steps)
@@ -155,7 +149,7 @@ def measure_one(name: str, say, train_steps: int = 0, cfg=None, preset: str = "c
 
 
 def measure(say, names=NAMES, train_steps: int = 0, preset: str = "cpu") -> dict[str, Any]:
-  """Target 5 for each named benchmark's CPU default (or another `preset`, `--quick`'s tiny
+  """`eval_seconds` for each named benchmark's CPU default (or another `preset`, `--quick`'s tiny
   one): {"benchmarks": {name: {...}}, "load": load average before and after, "devices": ...}.
   Needs jax started with the CPU default's devices (8 simulated CPU devices:
   `mesh.devices.use_cpu_devices(8)` before jax starts)."""
@@ -170,7 +164,7 @@ def measure(say, names=NAMES, train_steps: int = 0, preset: str = "cpu") -> dict
 
 
 def rows(result: dict[str, Any]) -> list[dict[str, Any]]:
-  """Target 5's row, in the shape of `benchmarks.perf.targets`' rows."""
+  """The `eval_seconds` row, in the shape of `benchmarks.perf.report.goals`' rows."""
   got = result.get("benchmarks", {})
   missing = [n for n in NAMES if n not in got]
   value = " / ".join(f"{n} {got[n]['second']['total_s']:.2f}" for n in NAMES if n in got)
@@ -182,14 +176,14 @@ def rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     detail += ("; " if detail else "") + f"not measured: {', '.join(missing)}"
   if got and not result.get("train_steps"):
     detail += "; untrained state (beam search and NMS at their longest)"
-  return [{"target": "5", "what": f"seconds per evaluation of each "
+  return [{"comparison": "eval_seconds", "what": f"seconds per evaluation of each "
            f"{preset_name(result.get('preset', 'cpu'))} (second evaluation; device / host / "
            f"data)", "value": value or "not measured",
            "goal": "reported; waste cut", "met": not missing, "detail": detail}]
 
 
 def markdown(result: dict[str, Any]) -> list[str]:
-  """A table of the parts of each evaluation, then target 5's row."""
+  """A table of the parts of each evaluation, then the `eval_seconds` row."""
   lines = [f"Evaluation of each {preset_name(result.get('preset', 'cpu'))} "
            f"({result.get('devices')} "
            f"{result.get('platform')} device(s), load average "
@@ -203,15 +197,15 @@ def markdown(result: dict[str, Any]) -> list[str]:
     lines.append(f"| {n} | {b['eval_examples']} ({b['eval_steps']}) | {s['total_s']:.2f} | "
                  f"{s['device_s']:.2f} | {s['host_s']:.2f} | {s['data_s']:.2f} | "
                  f"{s['cpu_s']:.2f} | {b['first']['total_s']:.2f} |")
-  lines += ["", "| target | what | value | goal | met | detail |", "|---|---|---|---|---|---|"]
+  lines += ["", "| comparison | what | value | goal | met | detail |", "|---|---|---|---|---|---|"]
   for r in rows(result):
-    lines.append(f"| {r['target']} | {r['what']} | {r['value']} | {r['goal']} | "
+    lines.append(f"| {r['comparison']} | {r['what']} | {r['value']} | {r['goal']} | "
                  f"{'yes' if r['met'] else 'no'} | {r['detail']} |")
   return lines
 
 
 def main(argv: list[str] | None = None) -> int:
-  """python -m benchmarks.perf_eval [name ...]: measures and prints the table."""
+  """python -m benchmarks.perf.evaluation [name ...]: measures and prints the table."""
   import sys  # pylint: disable=import-outside-toplevel
 
   from mesh import devices  # pylint: disable=import-outside-toplevel

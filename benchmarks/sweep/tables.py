@@ -1,4 +1,4 @@
-"""A sweep's rows (`benchmarks.sweep_measure`) as `sweep.csv` (every figure a column, one row per
+"""A sweep's rows (`benchmarks.sweep.measure`) as `sweep.csv` (every figure a column, one row per
 variant, or per variant and seed when trained to the target) and as Markdown tables: here
 (`local_table`, which `./run.sh ablate` prints too), at pod scale (`pod_table`) and to the
 target (`target_table`)."""

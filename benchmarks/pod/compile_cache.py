@@ -1,4 +1,4 @@
-"""A cache of compiled programs' facts, for compile-only runs (`benchmarks.compile_only`).
+"""A cache of compiled programs' facts, for compile-only runs (`benchmarks.pod.compile_only`).
 
 A full-size pod compile takes 1 to 6 minutes on a 2-core machine. What a compile yields is kept
 as data: the compiler's cost and memory analyses and the HLO text of each step (`mesh.cost.
@@ -7,10 +7,12 @@ JSON in `<cache_dir>/<key>.json.gz`, where key = sha256 of the benchmark, the fu
 topology, whether eval was compiled, and the versions of jax, jaxlib and libtpu. Beside it the
 entry records the sha256 of every project source file under mesh/, optimizations/ and
 benchmarks/ that was loaded when it compiled, and of pyproject.toml; the entry is used only
-while all of them are unchanged. The modules that *read* the facts (`mesh/cost.py`,
-`mesh/steptime.py`, `mesh/hardware.py`, `benchmarks/compile_only.py`, this one) and those that
-only choose configs or parse command lines are not part of what a program compiles: changing
-the step-time model re-reads cached programs instead of compiling them again.
+while all of them are unchanged. What is not part of what a program compiles is left out, by
+folder where it can be (`NOT_CODE`): the modules that *read* the facts (`mesh/cost.py`,
+`mesh/hlo.py`, `mesh/steptime.py`, `mesh/hardware.py`, `benchmarks/pod/`), the tools around
+the loop (`benchmarks/sweep/`, `benchmarks/perf/`) and those that only choose configs or parse
+command lines: changing the step-time model re-reads cached programs instead of compiling them
+again.
 """
 
 from __future__ import annotations
@@ -25,16 +27,16 @@ import sys
 from importlib import metadata
 from typing import Any
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CODE_DIRS = ("mesh", "optimizations", "benchmarks")
 # Not what a program is compiled from: the modules that read compiled programs, those that
 # choose configs or parse command lines, and declarations (configs, specs, the registry: the
 # config's values are part of the key).
-NOT_CODE = ("benchmarks/scale.py", "benchmarks/scale_points.py", "benchmarks/main.py",
-            "benchmarks/ablate.py", "benchmarks/compile_only.py", "benchmarks/compile_cache.py",
-            "mesh/cost.py", "mesh/steptime.py", "mesh/hardware.py", "mesh/hlo_loops.py",
-            "benchmarks/task.py", "benchmarks/config.py", "benchmarks/registry.py",
-            "benchmarks/*/config.py", "benchmarks/sweep*.py", "benchmarks/seeds.py")
+NOT_CODE = ("benchmarks/pod/*", "benchmarks/sweep/*", "benchmarks/perf/*",
+            "benchmarks/main.py", "benchmarks/flags.py", "benchmarks/task.py",
+            "benchmarks/config.py", "benchmarks/registry.py", "benchmarks/*/config.py",
+            "benchmarks/loop/series.py", "benchmarks/loop/timeline.py", "mesh/cost.py",
+            "mesh/steptime.py", "mesh/hardware.py", "mesh/hlo.py", "mesh/multihost.py")
 
 
 def compiled_from(rel: str) -> bool:

@@ -6,14 +6,14 @@
   once (KeyboardInterrupt) for a user who will not wait. With several processes the flag is
   agreed at each metrics fetch (an all-gather of one integer), so every process stops after the
   same step and the checkpoint save, a collective, cannot hang.
-- `Window`: the step's metrics stay on the device; every `every` steps (and at the end of each
-  block) the window's metrics come to the host in one fetch, and a non-finite loss there stops
-  the run within `every` + `lag` steps of the first bad one, naming that step (`Diverged`,
-  status 4). The fetch leaves the newest `lag` steps on the device: the host waits only for a
-  step that the device finished while it ran the next one, so the device's queue never drains
-  at a fetch (fetching the newest step idles the device for the host's work after the fetch
-  and the next dispatch: `python -m benchmarks.perf_variants window` counts the steps
-  dispatched onto an idle device, one per fetch with lag 0, none with lag 1).
+- `MetricsWindow`: the step's metrics stay on the device; every `every` steps (and at the end of
+  each block) the window's metrics come to the host in one fetch, and a non-finite loss there
+  stops the run within `every` + `lag` steps of the first bad one, naming that step
+  (`Diverged`, status 4). The fetch leaves the newest `lag` steps on the device: the host waits
+  only for a step that the device finished while it ran the next one, so the device's queue
+  never drains at a fetch (fetching the newest step idles the device for the host's work after
+  the fetch and the next dispatch: one step dispatched onto an idle device per fetch with lag
+  0, none with lag 1; docs/performance.md).
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ class Signals:
     self._old = {}
 
 
-class Window:
+class MetricsWindow:
   """Training metrics kept on the device and fetched every `every` steps in one transfer."""
 
   def __init__(self, every: int, lag: int = 1):

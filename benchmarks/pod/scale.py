@@ -4,10 +4,10 @@
                         [--plot=PATH.png] [--cache_dir=runs/compile_cache] [--refresh]
   ./run.sh scale all    (resnet, ssd and transformer; one plot with three panels)
 
-For every slice Google submitted (`benchmarks.scale_points`: 16 to 1024 chips) it builds the
+For every slice Google submitted (`benchmarks.pod.scale_points`: 16 to 1024 chips) it builds the
 benchmark's `tpu-v3-2048` preset with that submission's batch, hyperparameters, mesh and
 evaluation cadence, compiles the real train and eval steps for the slice
-(`benchmarks.compile_only.analyze`, libtpu, no TPU needed) and times the run the way those
+(`benchmarks.pod.compile_only.analyze`, libtpu, no TPU needed) and times the run the way those
 submissions ran it:
 
   minutes = (train_steps x modelled step time + evaluations x eval steps x modelled eval step
@@ -23,7 +23,7 @@ compile summary, the prediction) and a log-log PNG of both curves (`--plot`, def
 `<output_dir>/scale_<benchmark>.png`).
 
 Cache: a full-size compile takes 1 to 6 minutes on a 2-core machine; compiled programs are kept
-in `--cache_dir` (`benchmarks.compile_cache`: keyed by benchmark, config, topology and compiler
+in `--cache_dir` (`benchmarks.pod.compile_cache`: keyed by benchmark, config, topology and compiler
 versions, checked file by file against the code that compiled them). A rerun with nothing
 changed compiles nothing; a change to the step-time model re-reads the cached programs; a change
 to the code a benchmark runs recompiles it. `--refresh` recompiles regardless.
@@ -40,7 +40,7 @@ from absl import flags
 
 from benchmarks import config as config_lib
 from benchmarks import registry
-from benchmarks.scale_points import CHIPS, POINTS, Point
+from benchmarks.pod.scale_points import CHIPS, POINTS, Point
 from mesh.errors import UserError
 
 PRESET = "tpu-v3-2048"
@@ -163,7 +163,7 @@ def _compile_only_analyze(topology_name: str):
   from mesh import topology  # pylint: disable=import-outside-toplevel
   # Before jax starts: the host backend stays on CPU; naming a v3 slice keeps libtpu quiet.
   topology.prepare_host(topology.parse(topology_name))
-  from benchmarks import compile_only  # pylint: disable=import-outside-toplevel
+  from benchmarks.pod import compile_only  # pylint: disable=import-outside-toplevel
   return compile_only.analyze
 
 

@@ -1,11 +1,12 @@
-"""`./run.sh perf`, targets 2 and 4: the training loop against the bare compiled step, and 8
+"""`./run.sh perf`, comparisons `loop_overhead` and `device_scaling`: the training loop against
+the bare compiled step, and 8
 devices against 1, for every benchmark's CPU default.
 
 For each benchmark the CPU default's program is compiled twice (over all devices, and over one
 device at the same global batch) and six ways of running steps take turns, round by round, in
 a rotating order (so slow drift in the machine's load falls on all alike):
 
-  harness  `benchmarks.train._train_block`, the loop `./run.sh` runs: the real input pipeline
+  harness  `benchmarks.loop.train._train_block`, the loop `./run.sh` runs: the real input pipeline
            behind the prefetch thread, MLPerf epoch events into a real log file, the metrics
            window (`--nan_check_every`), TensorBoard events, progress lines, the signal check;
            checkpoints off.
@@ -21,8 +22,8 @@ a rotating order (so slow drift in the machine's load falls on all alike):
            two identical ways (an A/A comparison), the floor under which a ratio says nothing.
   1 device the same benchmark compiled over one device, bare, same global batch.
 
-Target 2 is harness / bare (with loop / bare, fed / bare, loop / fed and again / bare beside
-it); target 4 is bare / 1 device. Each round times `steps` steps of each (more where the bare
+`loop_overhead` is harness / bare (with loop / bare, fed / bare, loop / fed and again / bare
+beside it); `device_scaling` is bare / 1 device. Each round times `steps` steps of each (more where the bare
 step takes under 1 s for them, so a round of a fast benchmark is not all noise, and at least one
 more than the loop's metrics window, so each block fetches metrics mid-block as a run's epochs
 do); the report gives per-round ratio medians and quartiles, and where the harness's host time
@@ -44,14 +45,28 @@ import tempfile
 import time
 from typing import Any
 
-from benchmarks.perf import SCALING_SLACK, quartiles
-from benchmarks.perf_eval import preset_name, setup
+from benchmarks.perf import timing
+from benchmarks.perf.evaluation import preset_name, setup
+from benchmarks.perf.report import SCALING_SLACK
 
-# Target 4's references: all devices / 1 device per CPU default, from a measured report (README
-# "Performance"); a later run meets the target while none grew by more than SCALING_SLACK.
-REFERENCE_SCALING: dict[str, float] = {   # `./run.sh perf`, 2026-12-01, 8 simulated CPU devices
+# device_scaling's references: all devices / 1 device per CPU default, measured with
+# `./run.sh perf` on 2026-12-01, 8 simulated CPU devices (docs/performance.md); a later run
+# meets the goal while none grew by more than SCALING_SLACK.
+REFERENCE_SCALING: dict[str, float] = {
     "resnet": 1.47, "transformer": 0.62, "ssd": 0.71, "lm": 0.65}
 HARNESS_GOAL = 1.02
+
+
+def _default(option: str):
+  """A run's default of a `benchmarks.loop.outputs.RunOptions` field."""
+  from benchmarks.loop.outputs import RunOptions  # pylint: disable=import-outside-toplevel
+  return RunOptions.__dataclass_fields__[option].default
+
+
+def _window():
+  """The loop's metrics window at a run's default --nan_check_every."""
+  from benchmarks.loop.stops import MetricsWindow  # pylint: disable=import-outside-toplevel
+  return MetricsWindow(_default("nan_check_every"))
 
 
 class _Runner:
@@ -59,19 +74,23 @@ class _Runner:
 
   def __init__(self, name: str, devs, steps: int, log_dir: str, say, preset: str = "cpu"):
     import jax  # pylint: disable=import-outside-toplevel
-    from benchmarks import prefetch, train  # pylint: disable=import-outside-toplevel
-    from benchmarks.step import global_batch  # pylint: disable=import-outside-toplevel
+
+    from benchmarks.loop import prefetch, timeline  # pylint: disable=import-outside-toplevel
+    from benchmarks.loop.step import global_batch  # pylint: disable=import-outside-toplevel
+    from logs import observe  # pylint: disable=import-outside-toplevel
     from logs.mlperf import MLPerfLog  # pylint: disable=import-outside-toplevel
-    self.jax, self.train_lib, self.steps = jax, train, steps
+    self.jax, self.steps = jax, steps
     t0 = time.perf_counter()
-    from benchmarks import registry  # pylint: disable=import-outside-toplevel
-    self.entry = registry.BENCHMARKS[name]
-    self.cfg, self.task, self.program, self.state = setup(name, devs=devs, preset=preset)
+    from benchmarks.registry import BENCHMARKS  # pylint: disable=import-outside-toplevel
+    self.entry = BENCHMARKS[name]
+    self.cfg, built = setup(name, devs=devs, preset=preset)
+    self.task, self.program, self.state = built.task, built.program, built.state
     self.compile_s = self.program.compile_s
     say(f"    {name}: {len(devs)} device(s) compiled in {self.compile_s:.1f} s "
         f"(built in {time.perf_counter() - t0:.1f} s)")
     t0 = time.perf_counter()
-    *_, self.program1, self.state1 = setup(name, devs=devs[:1], preset=preset)
+    _, one = setup(name, devs=devs[:1], preset=preset)
+    self.program1, self.state1 = one.program, one.state
     self.compile1_s = self.program1.compile_s
     say(f"    {name}: 1 device compiled in {self.compile1_s:.1f} s "
         f"(built in {time.perf_counter() - t0:.1f} s)")
@@ -82,21 +101,18 @@ class _Runner:
     cached = list(itertools.islice(data.train(0), 4))
     self.step_no = 0
     self.real = prefetch.Prefetch(((s, global_batch(b, shardings))
-                                   for s, b in train._batches(data, 0)), depth=2)  # pylint: disable=protected-access
+                                   for s, b in timeline.batches(data, 0)), depth=2)
     self.cached = prefetch.Prefetch(((s, global_batch(cached[s % len(cached)], shardings))
                                      for s in itertools.count()), depth=2)
     self.log = MLPerfLog(True)
     self.log.open(os.path.join(log_dir, f"{name}.txt"))
     # The harness writes TensorBoard events at every metrics fetch, as a real run does.
-    from logs import observe  # pylint: disable=import-outside-toplevel
     self.observer = observe.Observer(os.path.join(log_dir, name), 0, self.cfg.global_batch_size)
     self.signals = None
     self.data = data
     self.watched = _Watched(self.program)
-    from benchmarks import stops  # pylint: disable=import-outside-toplevel
-    window = stops.Window(train.RunOptions.__dataclass_fields__["nan_check_every"].default)
+    window = _window()
     self.window_steps = window.every + window.lag     # steps that make the loop fetch
-    self.window_args: dict = {}       # e.g. {"lag": 0}: `benchmarks.perf_variants` window
 
   def close(self):
     self.real.close()
@@ -105,21 +121,18 @@ class _Runner:
     self.observer.close(f"{self.entry.name} perf loop", self.entry.spec.metric, None)
 
   def _block(self, batches) -> None:
-    from benchmarks import stops  # pylint: disable=import-outside-toplevel
-    train = self.train_lib
-    opts = train.RunOptions.__dataclass_fields__
-    per_epoch = self.data.steps_per_epoch
-    block = train.Block(self.step_no, self.steps, {}, {}, {}, "perf")
-    progress = train._Progress(10**9, per_epoch, self.cfg.global_batch_size,  # pylint: disable=protected-access
-                               opts["progress_every_s"].default, False)
+    """One block of the loop's own `train_block`, as a run trains it (progress lines muted)."""
+    from benchmarks.loop import train  # pylint: disable=import-outside-toplevel
+    from benchmarks.loop.timeline import Block  # pylint: disable=import-outside-toplevel
+    block = Block(self.step_no, self.steps, {}, {}, {}, "perf")
+    progress = train.Progress(10**9, self.data.steps_per_epoch, self.cfg.global_batch_size,
+                              _default("progress_every_s"), False)
+    steps = train.Steps(self.watched, self.entry.spec, self.log, progress, self.signals,
+                        self.observer)
     # The loop's batches carry their own global step: the block follows them.
-    step_times: list[float] = []
     with contextlib.redirect_stdout(io.StringIO()):
-      self.state, _, stop = train._train_block(  # pylint: disable=protected-access
-          self.watched, self.state, block, _Renumbered(batches, self), self.log,
-          self.entry.spec, progress, step_times,
-          stops.Window(opts["nan_check_every"].default, **self.window_args), self.signals,
-          self.observer)
+      self.state, _, stop = train.train_block(steps, self.state, block,
+                                              _Renumbered(batches, self), _window())
     if stop is not None:
       raise RuntimeError(f"stopped in the perf loop: {stop.detail}")
     self.step_no += self.steps
@@ -269,7 +282,7 @@ def _split(before, after) -> tuple[float, float]:
 
 def measure_one(name: str, devs, rounds: int, steps: int, warmup: int, log_dir: str,
                 say, min_round_s: float = 1.0, preset: str = "cpu") -> dict[str, Any]:
-  from benchmarks import stops  # pylint: disable=import-outside-toplevel
+  from benchmarks.loop import stops  # pylint: disable=import-outside-toplevel
   r = _Runner(name, devs, steps, log_dir, say, preset)
   r.signals = stops.Signals()
   try:
@@ -287,8 +300,7 @@ def measure_one(name: str, devs, rounds: int, steps: int, warmup: int, log_dir: 
     idle = {w: 0 for w in feeders}
     dispatched = {w: 0 for w in feeders}
     for k in range(rounds):
-      order = WAYS[k % len(WAYS):] + WAYS[:k % len(WAYS)]
-      for way in order:
+      for way in timing.order(WAYS, k, "rotate"):
         f = feeders.get(way)
         f0 = (f.cpu_s, f.produced) if f else None
         p0 = _thread_cpu() if proc else None
@@ -309,12 +321,12 @@ def measure_one(name: str, devs, rounds: int, steps: int, warmup: int, log_dir: 
     r.signals.restore()
     r.close()
   ratios = {
-      "harness": [h / b for h, b in zip(wall["harness"], wall["bare"])],
-      "loop": [h / b for h, b in zip(wall["loop"], wall["bare"])],
-      "fed": [h / b for h, b in zip(wall["fed"], wall["bare"])],
-      "loop_own": [h / b for h, b in zip(wall["loop"], wall["fed"])],
-      "scaling": [b / o for b, o in zip(wall["bare"], wall["one_device"])],
-      "again": [a / b for a, b in zip(wall["again"], wall["bare"])],
+      "harness": timing.ratios(wall["harness"], wall["bare"]),
+      "loop": timing.ratios(wall["loop"], wall["bare"]),
+      "fed": timing.ratios(wall["fed"], wall["bare"]),
+      "loop_own": timing.ratios(wall["loop"], wall["fed"]),
+      "scaling": timing.ratios(wall["bare"], wall["one_device"]),
+      "again": timing.ratios(wall["again"], wall["bare"]),
   }
 
   def per_step(cpu_s: float) -> float:     # all rounds' CPU seconds, in ms per step
@@ -344,7 +356,7 @@ def measure_one(name: str, devs, rounds: int, steps: int, warmup: int, log_dir: 
       "idle_dispatches": idle, "dispatches": dispatched, "thread_cpu": thread_cpu,
       "ms_per_step_rounds": {w: [t * 1e3 for t in v] for w, v in wall.items()},
       "ratio": {k: statistics.median(v) for k, v in ratios.items()},
-      "ratio_quartiles": {k: quartiles(v) for k, v in ratios.items()},
+      "ratio_quartiles": {k: timing.quartiles(v) for k, v in ratios.items()},
       "ratio_rounds": ratios,
       "compile_s": {"devices": r.compile_s, "one_device": r.compile1_s},
   }
@@ -352,8 +364,8 @@ def measure_one(name: str, devs, rounds: int, steps: int, warmup: int, log_dir: 
 
 def measure(say, names=("resnet", "transformer", "ssd", "lm"), rounds: int = 12,
             steps: int = 5, warmup: int = 1, preset: str = "cpu") -> dict[str, Any]:
-  """Targets 2 and 4 for each benchmark's CPU default (or another `preset`: `--quick`'s tiny
-  one) over all devices."""
+  """`loop_overhead` and `device_scaling` for each benchmark's CPU default (or another
+  `preset`: `--quick`'s tiny one) over all devices."""
   import jax  # pylint: disable=import-outside-toplevel
   devs = jax.devices()
   out = {}
@@ -377,7 +389,8 @@ def rows(result: dict[str, Any]) -> list[dict[str, Any]]:
   for name, m in result.items():
     q = m["ratio_quartiles"]
     out.append({
-        "target": "2", "what": f"{name}: step through the harness / bare compiled step",
+        "comparison": "loop_overhead",
+        "what": f"{name}: step through the harness / bare compiled step",
         "value": f"{m['ratio']['harness']:.3f}", "goal": f"<= {HARNESS_GOAL:.2f}",
         "met": m["ratio"]["harness"] <= HARNESS_GOAL,
         "detail": (f"quartiles {q['harness'][0]:.3f}-{q['harness'][1]:.3f}; loop without the "
@@ -393,7 +406,8 @@ def rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     cpu = m.get("preset", "cpu") == "cpu"
     ref = REFERENCE_SCALING.get(name) if cpu else None
     out.append({
-        "target": "4", "what": f"{name}: {m['devices']} devices / 1 device, same global batch",
+        "comparison": "device_scaling",
+        "what": f"{name}: {m['devices']} devices / 1 device, same global batch",
         "value": f"{m['ratio']['scaling']:.2f}x the time",
         "goal": f"reported; <= {SCALING_SLACK:g}x the reference",
         "met": ref is None or m["ratio"]["scaling"] <= SCALING_SLACK * ref,
@@ -417,8 +431,8 @@ def _share(m: dict[str, Any]) -> str:
 
 def markdown(result: dict[str, Any]) -> list[str]:
   preset = next(iter(result.values()), {}).get("preset", "cpu")
-  lines = ["", (f"Targets 2 and 4, each benchmark's {preset_name(preset)} (ms per step, medians of "
-                f"rounds; ratios: medians of per-round ratios):"), "",
+  lines = ["", (f"loop_overhead and device_scaling, each benchmark's {preset_name(preset)} (ms "
+                f"per step, medians of rounds; ratios: medians of per-round ratios):"), "",
            ("| benchmark | devices | global batch | harness | loop (cached batches) | fed | "
             "bare step | 1 device | harness / bare | loop / bare | fed / bare | loop / fed | "
             "again / bare (noise) | N / 1 device |"),

@@ -1,7 +1,7 @@
-"""Measuring variants (`benchmarks.sweep_grid.Variant`) for `./run.sh sweep` and
+"""Measuring variants (`benchmarks.sweep.grid.Variant`) for `./run.sh sweep` and
 `./run.sh ablate`: compiled here and timed beside their baselines, compiled for a TPU slice
-(compile-only, `benchmarks.compile_only.analyze`), or trained to their targets
-(`benchmarks.train.run`). Each finished variant is handed to `record` as one flat row (every
+(compile-only, `benchmarks.pod.compile_only.analyze`), or trained to their targets
+(`benchmarks.loop.train.run`). Each finished variant is handed to `record` as one flat row (every
 figure a key: `cost_figures`), so a caller can keep it the moment it exists.
 
 Timing (`measure_local` with steps > 0): a variant and its baseline are compiled side by side and
@@ -24,9 +24,12 @@ from typing import Any, Callable
 
 import jax
 
-from benchmarks import step as step_lib
-from benchmarks import train
-from benchmarks.seeds import seeded
+from benchmarks.loop import outputs, train
+from benchmarks.loop import step as step_lib
+from benchmarks.loop.build import build, build_sharder, check_batches
+from benchmarks.loop.series import seeded
+from benchmarks.loop.timeline import check_cadence
+from benchmarks.perf import timing
 from mesh import cost as cost_lib
 from mesh import errors
 from mesh.errors import UserError
@@ -72,10 +75,10 @@ def why_not(cfg, spec, devs=None, to_target: bool = False) -> str | None:
   """Why a variant's config cannot run on these devices (its plan, its batches, its evaluation
   cadence), or None; checked before anything is compiled or written."""
   try:
-    sharder, plan = train.build_sharder(cfg, devs)
-    train.check_batches(cfg, sharder, plan, 1)
+    sharder, plan = build_sharder(cfg, devs)
+    check_batches(cfg, sharder, plan, 1)
     if to_target:
-      train.check_cadence(cfg, spec)
+      check_cadence(cfg, spec)
   except UserError as e:
     return str(e)
   return None
@@ -94,17 +97,15 @@ class _Compiled:
   eval_s: list = dataclasses.field(default_factory=list)   # per round: one whole evaluation
 
 
-def _compile(cfg, build, v, steps: int, say) -> tuple[_Compiled | None, str | None]:
+def _compile(cfg, entry, v, steps: int, say) -> tuple[_Compiled | None, str | None]:
   c = configure(cfg, v)
   try:
-    sharder, plan = train.build_sharder(c)
-    task = build(c, replicas=sharder.batch_size_divisor("batch") * plan.accumulation_steps)
-    batches = [b for _, b in zip(range(max(steps, 1)), task.data.train(0))]
-    program, state = step_lib.compile_program(task, sharder, c.seed, batches[0],
-                                              next(iter(task.data.eval())), 1, plan)
+    built = build(c, entry)
+    batches = [b for _, b in zip(range(max(steps, 1)), built.task.data.train(0))]
   except UserError as e:
     say(f"skipping {v.label}: {e}")
     return None, str(e)
+  program, state, task = built.program, built.state, built.task
   batches = [step_lib.global_batch(b, program.batch_shardings) for b in batches]
   x = _Compiled(v, program, state, task, batches)
   if steps:
@@ -131,11 +132,11 @@ def _time_round(x: _Compiled) -> None:
 def _take_turns(xs: list[_Compiled], rounds: int, say) -> None:
   for x in xs:
     x.rounds, x.eval_s = [], []
-  for r in range(rounds):
-    for x in (xs if r % 2 == 0 else xs[::-1]):
-      _time_round(x)
-    say(f"  round {r + 1}/{rounds}: " + ", ".join(
-        f"{x.variant.label} {1e3 * statistics.median(x.rounds[-1]):.1f} ms/step" for x in xs))
+  timing.take_turns(
+      {str(i): (lambda x=x: _time_round(x)) for i, x in enumerate(xs)}, rounds,
+      after_round=lambda r, _: say(f"  round {r + 1}/{rounds}: " + ", ".join(
+          f"{x.variant.label} {1e3 * statistics.median(x.rounds[-1]):.1f} ms/step"
+          for x in xs)))
 
 
 def _row(x: _Compiled, cfg, base: _Compiled | None) -> dict[str, Any]:
@@ -145,23 +146,22 @@ def _row(x: _Compiled, cfg, base: _Compiled | None) -> dict[str, Any]:
          "opt_state_bytes": cost_lib.bytes_per_device(x.state["opt_state"])}
   if not x.rounds:
     return row
-  from benchmarks.perf import quartiles  # pylint: disable=import-outside-toplevel
   per_round = [statistics.median(r) for r in x.rounds]    # each round's median step
-  step_s, (q1, q3) = statistics.median(per_round), quartiles(per_round)
+  step_s, (q1, q3) = statistics.median(per_round), timing.quartiles(per_round)
   row.update(timed_steps=sum(map(len, x.rounds)), step_ms=1e3 * step_s, step_ms_q1=1e3 * q1,
              step_ms_q3=1e3 * q3, examples_per_s=cfg.global_batch_size / step_s,
              eval_ms=1e3 * statistics.median(x.eval_s))
   if base is not None:
-    ratios = [a / b for a, b in zip(per_round, (statistics.median(r) for r in base.rounds))]
-    evals = [a / b for a, b in zip(x.eval_s, base.eval_s)]
+    ratios = timing.ratios(per_round, [statistics.median(r) for r in base.rounds])
+    evals = timing.ratios(x.eval_s, base.eval_s)
     row.update(step_ratio=statistics.median(ratios), eval_ratio=statistics.median(evals),
                baseline_step_ms=1e3 * statistics.median(statistics.median(r)
                                                         for r in base.rounds))
-    row["step_ratio_q1"], row["step_ratio_q3"] = quartiles(ratios)
+    row["step_ratio_q1"], row["step_ratio_q3"] = timing.quartiles(ratios)
   return row
 
 
-def measure_local(cfg, build, variants, steps: int, rounds: int, pending: set[str],
+def measure_local(cfg, entry, variants, steps: int, rounds: int, pending: set[str],
                   record: Record, say=print) -> None:
   """Compiles the `pending` variants on this machine's devices and, with `steps`, times each
   beside its baseline (module docstring); `record` gets each row as it is done. A variant that
@@ -177,14 +177,14 @@ def measure_local(cfg, build, variants, steps: int, rounds: int, pending: set[st
       continue
     b, base, b_pending, base_done = by_key[bkey], None, False, False
     if steps:
-      base, why = _compile(cfg, build, b, steps, say)
+      base, why = _compile(cfg, entry, b, steps, say)
       b_pending = b in todo
       if why and b_pending:
         record(skipped(b, why))
         b_pending = False
       todo = [v for v in todo if v is not b]
     for v in todo:
-      x, why = _compile(cfg, build, v, steps, say)
+      x, why = _compile(cfg, entry, v, steps, say)
       if why:
         record(skipped(v, why))
         continue
@@ -205,7 +205,7 @@ def pod_row(benchmark: str, cfg, v, topology_name: str, cache_dir: str | None,
             say=print) -> dict[str, Any]:
   """One variant compiled for the slice: memory, collectives, the modelled step times
   (`mesh.steptime`) and the minutes they predict."""
-  from benchmarks import compile_only  # pylint: disable=import-outside-toplevel
+  from benchmarks.pod import compile_only  # pylint: disable=import-outside-toplevel
   c = configure(cfg, v)
   try:
     s = compile_only.analyze(benchmark, c, topology_name, cache_dir=cache_dir, say=say)
@@ -232,12 +232,12 @@ def pod_row(benchmark: str, cfg, v, topology_name: str, cache_dir: str | None,
 
 def train_to_target(benchmark: str, cfg, v, seed_indices, output_dir: str, record: Record,
                     run_options: dict | None = None) -> int:
-  """Trains the variant once per seed index i (`benchmarks.seeds`: seed + i) into `output_dir`
+  """Trains the variant once per seed index i (`benchmarks.loop.series`: seed + i) into `output_dir`
   as result_<i>.txt, a run folder `./run.sh check` reads. Returns 0, or the status that stops
   the sweep (5: preempted; the run is not recorded, and runs again on resume)."""
   for i in seed_indices:
     c = seeded(configure(cfg, v), i)
-    opts = train.RunOptions(output_dir=output_dir, run_index=i, overwrite=True,
+    opts = outputs.RunOptions(output_dir=output_dir, run_index=i, overwrite=True,
                             **(run_options or {}))
     try:
       s = train.run(c, benchmark, opts)
@@ -255,5 +255,5 @@ def train_to_target(benchmark: str, cfg, v, seed_indices, output_dir: str, recor
                             "memory_per_device": s["memory_per_device_bytes"]}),
             "step_ms": None if step_s is None else 1e3 * step_s,
             "examples_per_s": s["examples_per_s"],
-            "result": os.path.relpath(train.result_path(opts), output_dir)})
+            "result": os.path.relpath(outputs.result_path(opts), output_dir)})
   return 0

@@ -20,7 +20,7 @@ step model). The mesh of each point follows its benchmark's `tpu-v3-2048` preset
 `x` runs over the cores of one chip dimension and `y` over the other (v3:32x32 -> x:64,y:32).
 
 `train_steps` and `evaluations` are the mean training steps and evaluations up to the converged
-evaluation, in Google's own steps (batch as logged): `benchmarks.scale` times them with the
+evaluation, in Google's own steps (batch as logged): `benchmarks.pod.scale` times them with the
 compiled step. `overrides` turn the benchmark's `tpu-v3-2048` preset into the point's config
 (`max_epochs` is the median converged epoch of the logs, in meshperf's epochs).
 """

@@ -1,4 +1,5 @@
-"""Issue 13, target 3: each benchmark's input pipeline against its training step.
+"""Each benchmark's input pipeline against its training step (`./run.sh perf`, comparison
+`input_headroom`).
 
 For each benchmark a small dataset is written in its real format in a temporary folder:
 
@@ -28,9 +29,9 @@ The consumption rate: the CPU default's compiled train step (built as `./run.sh 
 builds it, the dataset replaced by the one above: the same shapes, so the same program), timed
 over a few steps: global batch / seconds per step. Ratio = pipeline examples/s at the CPU
 default's settings (its image size, sequence length, batch, `data_workers` 0) / step
-examples/s; the target is a ratio >= 3 for every benchmark.
+examples/s; the goal is a ratio >= 3 for every benchmark.
 
-`python -m benchmarks.perf_input` runs it and prints the table; `measure`, `rows` and
+`python -m benchmarks.perf.pipelines` runs it and prints the table; `measure`, `rows` and
 `markdown` are for `./run.sh perf`.
 """
 
@@ -209,20 +210,18 @@ def time_step(name: str, cfg, steps: int, say) -> dict[str, float]:
   """The compiled train step of `cfg` (built as a run builds it, on all devices), one warmup
   step, then `steps` timed: ms per step and examples/s."""
   import jax  # pylint: disable=import-outside-toplevel
-  from benchmarks import registry, train  # pylint: disable=import-outside-toplevel
-  from benchmarks import step as step_lib  # pylint: disable=import-outside-toplevel
-  from mesh.sharding import use  # pylint: disable=import-outside-toplevel
+
+  from benchmarks import registry  # pylint: disable=import-outside-toplevel
+  from benchmarks.loop import step as step_lib  # pylint: disable=import-outside-toplevel
+  from benchmarks.loop.build import build  # pylint: disable=import-outside-toplevel
   devs = jax.devices()
-  sharder, plan = train.build_sharder(cfg, devs)
-  replicas = train.check_batches(cfg, sharder, plan, 1)
-  task = registry.BENCHMARKS[name].build()(cfg, replicas=replicas, process_index=0,
-                                           process_count=1)
-  local = next(iter(task.data.train(0)))
-  c0 = time.process_time()
-  program, init = step_lib.compile_steps(task, sharder, cfg.seed, local, None, 1, plan)
-  say(f"    step compiled in {program.compile_s:.1f} s ({time.process_time() - c0:.1f} s CPU)")
-  with use(sharder):
-    state = init()
+  start = []        # the CPU clock as the compilation starts
+  built = build(cfg, registry.BENCHMARKS[name], devs=devs, with_eval=False, init=False,
+                before_compile=lambda *_: start.append(time.process_time()))
+  program, state = built.program, built.init()
+  local, _ = built.task.data.example_batches()
+  say(f"    step compiled in {program.compile_s:.1f} s "
+      f"({time.process_time() - start[0]:.1f} s CPU)")
   batch = step_lib.global_batch(local, program.batch_shardings)
   state, metrics = program.train(state, batch)
   jax.block_until_ready((state, metrics))
@@ -244,7 +243,7 @@ def _load() -> list[float] | None:
 def measure(say: Callable[[str], None] = print, workers: tuple[int, ...] = (0, 1, 2),
             settings: Settings | None = None, names: tuple[str, ...] = NAMES,
             tmp_dir: str | None = None) -> dict[str, Any]:
-  """Target 3: each benchmark's pipeline (every variant at each worker count; the text
+  """`input_headroom`: each benchmark's pipeline (every variant at each worker count; the text
   pipelines have none, so only 0) and, with settings.steps, the CPU default's step. Writes the
   datasets under a temporary folder (removed after). Returns a dict for `rows` and `markdown`."""
   s = settings or Settings()
@@ -318,7 +317,7 @@ def _scaling(out: dict, default_only: bool = True) -> str:
 
 
 def rows(result: dict) -> list[dict[str, Any]]:
-  """Target 3's rows (as `benchmarks.perf.targets`): one per benchmark."""
+  """The `input_headroom` rows (as `benchmarks.perf.report.goals`'): one per benchmark."""
   out = []
   for name, b in result["benchmarks"].items():
     base = _base(b)
@@ -333,7 +332,8 @@ def rows(result: dict) -> list[dict[str, Any]]:
       st = b["step"]
       detail += (f"; step {st['examples_per_s']:.0f} ex/s ({st['ms_per_step']:.0f} ms for "
                  f"{st['global_batch']})")
-    out.append({"target": "3", "what": f"{name} input pipeline / CPU default's step, examples/s",
+    out.append({"comparison": "input_headroom",
+                "what": f"{name} input pipeline / CPU default's step, examples/s",
                 "value": value, "goal": f">= {GOAL:g}x", "met": met, "detail": detail})
   return out
 
@@ -366,7 +366,7 @@ def markdown(result: dict) -> list[str]:
 
 def main(argv: list[str]) -> int:
   import argparse  # pylint: disable=import-outside-toplevel
-  p = argparse.ArgumentParser(prog="python -m benchmarks.perf_input",
+  p = argparse.ArgumentParser(prog="python -m benchmarks.perf.pipelines",
                               description=__doc__.split("\n\n")[0])
   p.add_argument("--workers", default="0,1,2", help="worker process counts, e.g. 0,1,2")
   p.add_argument("--batches", type=int, default=Settings.batches)
@@ -395,7 +395,7 @@ def main(argv: list[str]) -> int:
   result = measure(print, workers, s, names)
   print("\n".join(markdown(result)))
   for r in rows(result):
-    print(f"target {r['target']}: {r['what']}: {r['value']} (goal {r['goal']}, "
+    print(f"{r['comparison']}: {r['what']}: {r['value']} (goal {r['goal']}, "
           f"{'met' if r['met'] else 'not met'}); {r['detail']}")
   print(f"{result['env']['seconds']:.0f} s")
   return 0

@@ -5,7 +5,7 @@ here, and what they cost.
 model, batch, mesh, layout and optimizations exactly as a run would, over the slice's
 compile-only devices (`mesh.topology`, libtpu), with abstract inputs: the dataset is described
 (its published sizes and a batch's shapes, `benchmarks.data.described`), no parameter is
-materialized (`benchmarks.step.compile_steps`). It reports per-device memory against the chip's
+materialized (`benchmarks.loop.step.compile_steps`). It reports per-device memory against the chip's
 HBM (a program that does not fit is refused: exit status 2), FLOPs, bytes accessed, the
 collectives by kind and replica-group size, XLA's own estimate, and the step-time model of
 `mesh.steptime` with the minutes to train it predicts:
@@ -26,9 +26,10 @@ from typing import Any, Callable
 
 import jax
 
-from benchmarks import compile_cache, registry
-from benchmarks.step import compile_steps
-from benchmarks.train import build_sharder, check_batches, check_cadence, timeline
+from benchmarks import registry
+from benchmarks.loop.build import build
+from benchmarks.loop.timeline import check_cadence, timeline
+from benchmarks.pod import compile_cache
 from mesh import cost, hardware, topology
 from mesh.errors import UserError
 
@@ -42,7 +43,7 @@ def analyze(benchmark: str, cfg, topology_name: str | None, *, with_eval: bool =
   returns the summary (JSON-able). A program that does not fit in HBM is summarized with
   `summary["fits"]` False; `refuse(summary)` turns that into a UserError. With `cache_dir`, a
   program compiled before with the same config and code is read from the cache
-  (`benchmarks.compile_cache`) instead of compiled again (`refresh`: compiled regardless).
+  (`benchmarks.pod.compile_cache`) instead of compiled again (`refresh`: compiled regardless).
   `overlap`: the step-time model's assumption, "none" (collectives after compute, the default
   upper bound) or "full" (collectives hidden behind compute)."""
   key = None
@@ -72,28 +73,28 @@ def compile_facts(benchmark: str, cfg, topology_name: str | None, *, with_eval: 
   spec = entry.spec
   topo = topology.parse(topology_name) if topology_name else None
   devs = topology.devices(topo) if topo else jax.devices()
-  sharder, plan = build_sharder(cfg, devs)
-  replicas = check_batches(cfg, sharder, plan, 1)
   check_cadence(cfg, spec)
   where = topo.describe() if topo else f"{len(devs)} {devs[0].platform} device(s)"
-  say(f"{benchmark}: compiling for {where}; mesh {dict(sharder.mesh.shape)} layout "
-      f"'{sharder.layout}'; optimizations: {', '.join(plan.enabled) or 'none'}")
-  task = entry.build()(cfg, replicas=replicas, process_index=0, process_count=1,
-                       shapes_only=True)
-  data = task.data
-  train_example, eval_example = data.example_batches()
-  t0 = time.time()
+
+  seen = {}
+
+  def compiling(sharder, plan, task):
+    say(f"{benchmark}: compiling for {where}; mesh {dict(sharder.mesh.shape)} layout "
+        f"'{sharder.layout}'; optimizations: {', '.join(plan.enabled) or 'none'}")
+    seen.update(sharder=sharder, plan=plan, data=task.data, t0=time.time())
+
   train = evals = refused = None
   try:
-    program, _ = compile_steps(task, sharder, cfg.seed, train_example,
-                               eval_example if with_eval else None, 1, plan, eval_device=devs[0])
-    train = cost.facts(program.train)
-    evals = cost.facts(program.eval) if with_eval else None
+    built = build(cfg, entry, devs=devs, shapes_only=True, with_eval=with_eval,
+                  eval_device=devs[0], init=False, before_compile=compiling)
+    train = cost.facts(built.program.train)
+    evals = cost.facts(built.program.eval) if with_eval else None
   except Exception as e:  # pylint: disable=broad-except
-    if "RESOURCE_EXHAUSTED" not in str(e):
+    if "RESOURCE_EXHAUSTED" not in str(e) or not seen:
       raise
     # The TPU compiler itself refuses a program that cannot fit in HBM.
     refused = f"the TPU compiler ran out of HBM: {str(e).splitlines()[0]}"
+  sharder, plan, data = seen["sharder"], seen["plan"], seen["data"]
   return {
       "benchmark": benchmark,
       "mlperf_benchmark": spec.mlperf_name,
@@ -107,7 +108,7 @@ def compile_facts(benchmark: str, cfg, topology_name: str | None, *, with_eval: 
       "dataset": {"name": data.name, "described": data.shapes is not None,
                   "num_train": data.num_train, "num_eval": data.num_eval,
                   "steps_per_epoch": data.steps_per_epoch, "eval_steps": data.eval_steps},
-      "compile_s": time.time() - t0,
+      "compile_s": time.time() - seen["t0"],
       "train": train, "eval": evals, "refused": refused,
   }
 

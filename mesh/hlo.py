@@ -1,5 +1,7 @@
-"""Loops in a compiled HLO module: how often each computation runs per step, and the FLOPs XLA's
-cost analysis leaves out of them.
+"""The one reader of compiled HLO text: a module's computations and instructions (`parse`), how
+often each computation runs per step and the FLOPs XLA's cost analysis leaves out of loops
+(`multipliers`, `loop_flops`), and op counts (`op_counts`, `key_ops`). `mesh.cost` reads the
+collectives from the same parse.
 
 XLA's `cost_analysis()` counts a while loop's body once, whatever its trip count (measured with
 jax 0.10.2 on CPU: a 10-iteration `fori_loop` of a 64x128 @ 128x128 matmul reports the FLOPs of
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from typing import Any
 
 COMP = re.compile(r"^(?:ENTRY\s+)?%(?P<name>[^\s(]+)\s*\(.*->.*\{\s*$")
@@ -40,8 +43,8 @@ def _dims(shape: str) -> list[int]:
 
 
 def _instruction(line: str) -> dict[str, str] | None:
-  """`%name = <shape> <op>(<args>), <rest>` -> its parts; a tuple shape may hold parentheses
-  and `/*index=N*/` comments, so it is cut at its balancing parenthesis."""
+  """`%name = <shape> <op>(<args>), <rest>` -> its parts and the whole line; a tuple shape may
+  hold parentheses and `/*index=N*/` comments, so it is cut at its balancing parenthesis."""
   m = _INSTR.match(line)
   if not m:
     return None
@@ -59,11 +62,18 @@ def _instruction(line: str) -> dict[str, str] | None:
   o = _OPCODE.match(tail)
   if not o:
     return None
-  return {"name": m.group("name"), "shape": shape, **o.groupdict()}
+  return {"name": m.group("name"), "shape": shape, **o.groupdict(), "line": line}
 
 
-def parse(hlo_text: str) -> tuple[dict[str, list[dict[str, str]]], str | None]:
-  """{computation: [instructions {name, shape, op, args, rest}]} and the entry's name."""
+Parsed = tuple[dict[str, list[dict[str, str]]], str | None]
+
+
+LOOSE = ""    # the computation name of instructions outside any computation (an HLO fragment)
+
+
+def parse(hlo_text: str) -> Parsed:
+  """{computation: [instructions {name, shape, op, args, rest, line}]} and the entry's name.
+  Instructions outside any computation (a fragment of a module) are listed under LOOSE."""
   comps: dict[str, list[dict[str, str]]] = {}
   entry, current = None, None
   for line in hlo_text.splitlines():
@@ -74,14 +84,12 @@ def parse(hlo_text: str) -> tuple[dict[str, list[dict[str, str]]], str | None]:
       if line.startswith("ENTRY"):
         entry = current
       continue
-    if current is None:
-      continue
     if line.strip() == "}":
       current = None
       continue
     ins = _instruction(line)
     if ins:
-      comps[current].append(ins)
+      comps.setdefault(LOOSE if current is None else current, []).append(ins)
   return comps, entry
 
 
@@ -185,11 +193,13 @@ def _flops(ins: dict[str, str], shapes: dict[str, str]) -> float:
   return 0.0
 
 
-def loop_flops(hlo_text: str, unknown_trips: int | None = None) -> dict[str, Any]:
+def loop_flops(hlo_text: str, unknown_trips: int | None = None, parsed: Parsed | None = None
+               ) -> dict[str, Any]:
   """FLOPs of dots and convolutions that run more than once per step beyond their first run
   (what cost_analysis leaves out), and the loops: {"extra_flops", "loops", "unknown_trips",
-  "runs"} (runs: `multipliers`' runs per computation)."""
-  parsed = parse(hlo_text)
+  "runs"} (runs: `multipliers`' runs per computation). `parsed`: `parse(hlo_text)` when the
+  caller has it."""
+  parsed = parsed or parse(hlo_text)
   comps = parsed[0]
   mult, loops = multipliers(hlo_text, unknown_trips, parsed)
   shapes = {ins["name"]: ins["shape"] for body in comps.values() for ins in body}
@@ -200,3 +210,34 @@ def loop_flops(hlo_text: str, unknown_trips: int | None = None) -> dict[str, Any
       extra += (m - 1) * sum(_flops(ins, shapes) for ins in body)
   return {"extra_flops": extra, "loops": loops,
           "unknown_trips": sum(1 for lp in loops if lp["trips"] is None), "runs": mult}
+
+
+def op_counts(hlo_text: str, parsed: Parsed | None = None) -> dict[str, Any]:
+  """Op counts of an optimized HLO module: `kernels` counts the ops of the computations that
+  run (entry, loop bodies, called computations; a fusion counts once), `fused` those inside
+  fusions. A reduction's own computation (its adds) is not counted. Async pairs
+  (`all-reduce-start`/`-done`) count once, under the op's name."""
+  comps, _ = parsed or parse(hlo_text)
+  fused_names = set(re.findall(r"calls=%?([\w.\-]+)", hlo_text))
+  reducers = set(re.findall(r"to_apply=%?([\w.\-]+)", hlo_text))
+  kernels, fused = Counter(), Counter()
+  for name, body in comps.items():
+    if name in reducers or name == LOOSE:
+      continue
+    for ins in body:
+      op = ins["op"]
+      if op.endswith("-done"):
+        continue
+      (fused if name in fused_names else kernels)[op.removesuffix("-start")] += 1
+  return {"kernels": dict(sorted(kernels.items())), "fused": dict(sorted(fused.items()))}
+
+
+IN_FUSIONS = ("convolution", "transpose", "copy", "reduce")   # counted inside fusions too
+KEY_OPS = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all",
+           "fusion", "convolution", "transpose", "copy", "reduce", "custom-call")
+
+
+def key_ops(ops: dict[str, Any]) -> dict[str, int]:
+  """The KEY_OPS of `op_counts`: launched, and for IN_FUSIONS also inside fusions."""
+  k, f = ops["kernels"], ops["fused"]
+  return {op: k.get(op, 0) + (f.get(op, 0) if op in IN_FUSIONS else 0) for op in KEY_OPS}

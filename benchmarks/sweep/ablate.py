@@ -4,7 +4,7 @@
 
 The variants are the benchmark config module's ABLATIONS (label, mesh, layout, optimizations);
 the first row of each mesh is the baseline of that mesh's rows. `./run.sh sweep` measures them
-(`benchmarks.sweep_measure`, `benchmarks.sweep_report`): per variant collective bytes by kind,
+(`benchmarks.sweep.measure`, `benchmarks.sweep.tables`): per variant collective bytes by kind,
 memory per device, optimizer-state bytes per device, the median step time and the median time
 of one full evaluation; each variant takes turns with its baseline for `--ablate_rounds`
 rounds, so machine noise hits both alike, and its ratios are the medians of the per-round
@@ -13,7 +13,7 @@ here (SSD at 300x300, ResNet-34 backbone).
 
   ./run.sh ablate resnet --config=tpu-v3-2048 --topology=v3:32x32
 
-At pod scale (`--topology`, compile-only, `benchmarks.compile_only`): the preset as configured,
+At pod scale (`--topology`, compile-only, `benchmarks.pod.compile_only`): the preset as configured,
 then the preset without each of its optimizations in turn, on the same slice, mesh and batch;
 per variant the memory per device, collective bytes per device, the modelled train and eval
 step times (`mesh.steptime`) and the minutes to train they predict, with the ratio of each
@@ -32,18 +32,21 @@ import json
 from absl import flags
 
 from benchmarks import config as config_lib
+from benchmarks import flags as flags_lib
 from benchmarks import main as cli
-from benchmarks import sweep_measure, sweep_report
-from benchmarks.sweep_grid import Variant
+from benchmarks.sweep import measure, tables
+from benchmarks.sweep.grid import Variant
 from mesh.errors import UserError
 
-FLAGS = flags.FLAGS
-flags.DEFINE_integer("ablate_steps", 10, "Timed training steps per variant per round "
-                     "(0: compile only, no timing).")
-flags.DEFINE_integer("ablate_rounds", 3, "Timing rounds, each variant taking turns with its "
-                     "baseline.")
-flags.DEFINE_string("ablate_json", None, "Also write the results to this JSON file.")
-ABLATE_FLAGS = ["ablate_steps", "ablate_rounds", "ablate_json"]
+
+def define_flags(fv: flags.FlagValues) -> list[str]:
+  """ablate's own flags on `fv` (`benchmarks.main.setup`); returns their names."""
+  return flags_lib.define(fv, (
+      ("integer", "ablate_steps", 10, "Timed training steps per variant per round (0: compile "
+       "only, no timing)."),
+      ("integer", "ablate_rounds", 3, "Timing rounds, each variant taking turns with its "
+       "baseline."),
+      ("string", "ablate_json", None, "Also write the results to this JSON file.")))
 
 
 def variants(ablations) -> list[Variant]:
@@ -69,36 +72,36 @@ def pod_variants(cfg) -> list[Variant]:
                   optimizations=opts, baseline="row0") for i, (label, opts) in enumerate(sets)]
 
 
-def check_flags() -> None:
+def check_flags(fv: flags.FlagValues) -> None:
   """ablate's own flags, before anything is compiled: the JSON path can be written."""
-  if FLAGS.ablate_steps < 0:
-    raise UserError(f"--ablate_steps={FLAGS.ablate_steps}: timed steps per variant, >= 0 (0: "
+  if fv.ablate_steps < 0:
+    raise UserError(f"--ablate_steps={fv.ablate_steps}: timed steps per variant, >= 0 (0: "
                     f"compile only)")
-  if FLAGS.ablate_rounds < 1:
-    raise UserError(f"--ablate_rounds={FLAGS.ablate_rounds}: at least 1 timing round")
-  if FLAGS.ablate_json:
-    config_lib.check_writable("--ablate_json", FLAGS.ablate_json, kind="file")
+  if fv.ablate_rounds < 1:
+    raise UserError(f"--ablate_rounds={fv.ablate_rounds}: at least 1 timing round")
+  if fv.ablate_json:
+    config_lib.check_writable("--ablate_json", fv.ablate_json, kind="file")
 
 
 def main(argv: list[str]) -> int:
-  name, entry, cfg = cli.setup(argv, verb="ablate <benchmark>", run_flags=ABLATE_FLAGS,
-                               compiles_only_with_topology=True)
-  check_flags()
+  p = cli.setup(argv, verb="ablate <benchmark>", more_flags=define_flags,
+                compiles_only_with_topology=True)
+  name, entry, cfg, fv = p.name, p.entry, p.cfg, p.flags
+  check_flags(fv)
   rows: list[dict] = []
-  if FLAGS.topology:
+  if fv.topology:
     for v in pod_variants(cfg):
-      rows.append(sweep_measure.pod_row(name, cfg, v, FLAGS.topology,
-                                        FLAGS.compile_cache or None))
-    print(sweep_report.pod_table(rows, "preset"))
+      rows.append(measure.pod_row(name, cfg, v, fv.topology, fv.compile_cache or None))
+    print(tables.pod_table(rows, "preset"))
   else:
     vs = variants(entry.config().ABLATIONS)
-    sweep_measure.measure_local(cfg, entry.build(), vs, FLAGS.ablate_steps, FLAGS.ablate_rounds,
-                                {v.key for v in vs}, rows.append)
+    measure.measure_local(cfg, entry, vs, fv.ablate_steps, fv.ablate_rounds,
+                          {v.key for v in vs}, rows.append)
     order = {v.key: i for i, v in enumerate(vs)}
     rows.sort(key=lambda r: order[r["variant"]])
-    print(sweep_report.local_table(rows))
-  if FLAGS.ablate_json:
-    with open(FLAGS.ablate_json, "w") as f:
+    print(tables.local_table(rows))
+  if fv.ablate_json:
+    with open(fv.ablate_json, "w") as f:
       json.dump(rows, f, indent=2)
   return 0
 

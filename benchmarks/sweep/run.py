@@ -7,7 +7,7 @@ all on, and/or a list of layouts, on the same data and seed, side by side.
   ./run.sh sweep resnet --to_target --num_runs=3 --optimizations_grid=weight_update_sharding
   ./run.sh sweep resnet --config=tpu-v3-2048 --topology=v3:32x32
 
-Variants (`benchmarks.sweep_grid`): `--optimizations_grid=a,b,...` gives `none`, each alone, all
+Variants (`benchmarks.sweep.grid`): `--optimizations_grid=a,b,...` gives `none`, each alone, all
 but one (with more than two names) and all on; its default is every optimization that acts on
 the benchmark and can apply to one of the sweep's layouts; empty (or `preset`) keeps the
 preset's own set. `--layouts` lists placements separated by `|` (layouts hold `,` and `;`):
@@ -16,16 +16,16 @@ data, model, hybrid, 2d); each crosses with the optimization sets. A variant who
 or batches cannot work is reported as skipped with the reason.
 
 Depths: `--steps=0` (the default) compiles each variant here (or, with `--topology`, for a TPU
-slice: `benchmarks.compile_only`, the step-time model and its predicted minutes) and reports
+slice: `benchmarks.pod.compile_only`, the step-time model and its predicted minutes) and reports
 collective bytes per step by kind and memory per device; `--steps=N` also times N steps and
 one evaluation per round for `--rounds` rounds, each variant taking turns with its baseline
-(`benchmarks.sweep_measure`); `--to_target` trains each variant to its target `--num_runs`
-times (seeds seed+i, `benchmarks.seeds`) into <output_dir>/<variant>/result_<i>.txt, real run
+(`benchmarks.sweep.measure`); `--to_target` trains each variant to its target `--num_runs`
+times (seeds seed+i, `benchmarks.loop.series`) into <output_dir>/<variant>/result_<i>.txt, real run
 folders for `./run.sh check`.
 
 Outputs in `--output_dir` (default runs/sweep/<benchmark>-<stamp>): sweep.csv (one row per
 variant, or per variant and seed; every figure a column), sweep.md (tables and the command),
-PNG plots (`benchmarks.sweep_plots`) and sweep.jsonl, the state: its first line holds the
+PNG plots (`benchmarks.sweep.plots`) and sweep.jsonl, the state: its first line holds the
 sweep's settings, then one line per finished variant (or seed), appended as each finishes.
 Rerunning the same command with the same --output_dir skips what is done; a folder of a sweep
 with other settings is refused.
@@ -37,33 +37,13 @@ import dataclasses
 import datetime
 import json
 import os
-import shlex
-
-from absl import flags
 
 from benchmarks import config as config_lib
-from benchmarks import main as cli
-from benchmarks import registry, sweep_grid, sweep_measure, sweep_plots, sweep_report
-from benchmarks.sweep_state import State
+from benchmarks import registry
+from benchmarks.sweep import grid, measure, plots, tables
+from benchmarks.sweep.state import State
 from mesh.errors import UserError
 
-FLAGS = flags.FLAGS
-flags.DEFINE_string("optimizations_grid", None, "Optimizations to sweep, comma-separated: none, "
-                    "each alone, all but one, all on (default: every one that applies; empty or "
-                    "'preset': the preset's set only).")
-flags.DEFINE_string("layouts", None, "Placements to sweep, separated by '|': LAYOUT (on --mesh), "
-                    "MESH@LAYOUT or a named layout of the benchmark, e.g. "
-                    "'batch:data|x:4,y:2@batch:x+y' (default: --mesh and --layout).")
-flags.DEFINE_integer("steps", 0, "Timed training steps per variant per round (0: compile only).")
-flags.DEFINE_integer("rounds", 3, "Timing rounds, each variant taking turns with its baseline.")
-flags.DEFINE_bool("to_target", False, "Train each variant to its quality target (--num_runs "
-                  "seeds each) instead of timing steps.")
-# --num_runs is the run flag of benchmarks.main (imported above): here, runs per variant.
-SWEEP_FLAGS = ["optimizations_grid", "layouts", "steps", "rounds", "to_target", "num_runs"]
-NOT_FOR_SWEEPS = {"resume": "a sweep resumes by itself: rerun it with the same --output_dir",
-                  "overwrite": "choose a new --output_dir", "run_index": "runs are numbered by "
-                  "seed (--num_runs)", "compile_only": "--steps=0 (the default) compiles only",
-                  "profile_steps": "profile one run: ./run.sh <benchmark> --profile_steps=A:B"}
 CSV, MD = "sweep.csv", "sweep.md"
 
 
@@ -129,13 +109,13 @@ def run(benchmark: str, cfg, sweep: Sweep, output_dir: str, command: str = "",
   sweep.check()
   entry = registry.BENCHMARKS[benchmark]
   devs = _devices(sweep)
-  placements = sweep_grid.parse_layouts(sweep.layouts, cfg.mesh, cfg.layout,
+  placements = grid.parse_layouts(sweep.layouts, cfg.mesh, cfg.layout,
                                         getattr(entry.config(), "LAYOUTS", {}))
-  sweep_grid.check_placements(placements, len(devs))
-  names = sweep_grid.grid(sweep.grid, cfg.optimizations, benchmark, entry.dimensions(),
+  grid.check_placements(placements, len(devs))
+  names = grid.grid(sweep.grid, cfg.optimizations, benchmark, entry.dimensions(),
                           placements, len(devs), say)
-  variants = sweep_grid.variants(placements, names, cfg.optimizations)
-  why = {v.key: sweep_measure.why_not(sweep_measure.configure(cfg, v), entry.spec,
+  variants = grid.variants(placements, names, cfg.optimizations)
+  why = {v.key: measure.why_not(measure.configure(cfg, v), entry.spec,
                                       devs if sweep.topology else None, sweep.to_target)
          for v in variants}
   if all(why.values()):
@@ -153,24 +133,24 @@ def run(benchmark: str, cfg, sweep: Sweep, output_dir: str, command: str = "",
       say(f"skipping {v.label}: done")
     elif why[v.key]:
       say(f"skipping {v.label}: {why[v.key]}")
-      state.add(sweep_measure.skipped(v, why[v.key]))
+      state.add(measure.skipped(v, why[v.key]))
     else:
       pending.append(v)
   status = 0
   if sweep.to_target:
     for v in pending:
       seeds = [i for i in range(sweep.num_runs) if not state.done(v.key, i)]
-      status = sweep_measure.train_to_target(benchmark, cfg, v, seeds,
+      status = measure.train_to_target(benchmark, cfg, v, seeds,
                                              os.path.join(output_dir, v.key), state.add,
                                              run_options)
       if status:
         break
   elif sweep.topology:
     for v in pending:
-      state.add(sweep_measure.pod_row(benchmark, cfg, v, sweep.topology, sweep.compile_cache,
+      state.add(measure.pod_row(benchmark, cfg, v, sweep.topology, sweep.compile_cache,
                                       say))
   else:
-    sweep_measure.measure_local(cfg, entry.build(), variants, sweep.steps, sweep.rounds,
+    measure.measure_local(cfg, entry, variants, sweep.steps, sweep.rounds,
                                 {v.key for v in pending}, state.add, say)
   rows = _ordered(state.records, variants, state.session)
   report(rows, benchmark, sweep, output_dir, command, cfg)
@@ -190,10 +170,10 @@ def _ordered(records: list[dict], variants, session: str) -> list[dict]:
 
 def _tables(rows: list[dict], sweep: Sweep) -> str:
   if sweep.depth == "target":
-    return sweep_report.target_table(rows)
+    return tables.target_table(rows)
   if sweep.depth == "pod":
-    return sweep_report.pod_table(rows)
-  return sweep_report.local_table(rows)
+    return tables.pod_table(rows)
+  return tables.local_table(rows)
 
 
 def _about(sweep: Sweep, cfg) -> str:
@@ -209,15 +189,15 @@ def _about(sweep: Sweep, cfg) -> str:
                 f"run_stop, over the runs that reached the target; ratio: mean against the "
                 f"baseline's mean",
       "pod": f"compile-only at pod scale: {sweep.topology}; step times are the step-time "
-             f"model's (mesh.steptime), minutes the prediction of benchmarks.compile_only"}[
+             f"model's (mesh.steptime), minutes the prediction of benchmarks.pod.compile_only"}[
           sweep.depth]
 
 
 def report(rows, benchmark: str, sweep: Sweep, output_dir: str, command: str, cfg) -> None:
   """sweep.csv, sweep.md and the plots."""
   import jax  # pylint: disable=import-outside-toplevel
-  sweep_report.write_csv(rows, os.path.join(output_dir, CSV))
-  plots = sweep_plots.plot_all(rows, output_dir, f"{benchmark} sweep")
+  tables.write_csv(rows, os.path.join(output_dir, CSV))
+  plots = plots.plot_all(rows, output_dir, f"{benchmark} sweep")
   resumed = any(r["resumed"] for r in rows if r["status"] == "done")
   lines = [f"# Sweep: {benchmark}", "", f"`{command}`" if command else "", "",
            f"{_about(sweep, cfg)}. "
@@ -228,7 +208,7 @@ def report(rows, benchmark: str, sweep: Sweep, output_dir: str, command: str, cf
            f"{datetime.datetime.now().isoformat(timespec='seconds')}.", "",
            _tables(rows, sweep), ""]
   if resumed:
-    lines += [f"{sweep_report.RESUMED_MARK} measured by an earlier process of this sweep (it "
+    lines += [f"{tables.RESUMED_MARK} measured by an earlier process of this sweep (it "
               f"was resumed): " + ("its ms and examples/s come from another process and "
                                    "compare less well with the others; its ratio is still "
                                    "against the baseline timed beside it in that process."
@@ -238,29 +218,3 @@ def report(rows, benchmark: str, sweep: Sweep, output_dir: str, command: str, cf
             for p in plots]
   with open(os.path.join(output_dir, MD), "w", encoding="utf-8") as f:
     f.write("\n".join(lines) + "\n")
-
-
-def main(argv: list[str]) -> int:
-  run_flags = [f for f in SWEEP_FLAGS if f not in cli.RUN_FLAGS]
-  name, _, cfg = cli.setup(argv, verb="sweep <benchmark>", run_flags=run_flags,
-                           compiles_only_with_topology=True)
-  for flag, instead in NOT_FOR_SWEEPS.items():
-    if flag in FLAGS and FLAGS[flag].present:
-      raise UserError(f"--{flag} is not a sweep's flag: {instead}")
-  sweep = Sweep(grid=FLAGS.optimizations_grid, layouts=FLAGS.layouts, steps=FLAGS.steps,
-                rounds=FLAGS.rounds, to_target=FLAGS.to_target, num_runs=FLAGS.num_runs,
-                topology=FLAGS.topology, compile_cache=FLAGS.compile_cache or None)
-  sweep.check()
-  stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-  out = FLAGS.output_dir or os.path.join("runs", "sweep", f"{name}-{stamp}")
-  run_options = {k: FLAGS[k].value for k in (
-      "division", "submission_org", "submission_platform", "submission_status",
-      "submission_poc_name", "submission_entry", "checkpoint_every", "progress_every_s",
-      "nan_check_every")}
-  command = "./run.sh sweep " + " ".join(shlex.quote(a) for a in argv[1:])
-  status, _ = run(name, cfg, sweep, out, command, run_options)
-  return status
-
-
-if __name__ == "__main__":
-  cli.run_main(main)

@@ -1,0 +1,9 @@
+"""Pod work, on a machine without the pod: programs compiled for a TPU slice and what they cost.
+
+  compile_only   a benchmark's train and eval steps compiled for a slice (libtpu), their memory,
+                 FLOPs, collectives and the step-time model's prediction (`--compile_only`)
+  compile_cache  compiled programs' facts kept while config and code are unchanged
+  scale          Google's MLPerf v0.6 TPU-v3 results against meshperf's predictions
+                 (`./run.sh scale`)
+  scale_points   the slices Google submitted, as data
+"""
