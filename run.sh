@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # meshperf entry point.
 #   ./run.sh <benchmark> [--flag=value ...]   run a benchmark (resnet, transformer, ssd, lm); --help lists its flags
-#   ./run.sh test [pytest args]               the whole test suite (8 simulated CPU devices)
+#   ./run.sh test [--quick] [pytest args]     the linter, then the test suite (8 simulated CPU
+#                                             devices); --quick: the fast tier (minutes)
 #   ./run.sh check PATH                       MLPerf compliance of a result_*.txt or a folder
 #   ./run.sh package <run folders> [--org=NAME --system=NAME]  an MLPerf submission package, checked and scored
 #   ./run.sh ablate <benchmark> [--flags]     each optimization on/off, side by side
@@ -65,7 +66,15 @@ case "$verb" in
   test)
     shift; bootstrap
     install_extra tpu || echo "run.sh: the tpu extra did not install; TPU compile tests skip" >&2
-    exec "$VENV/bin/python" -m pytest -q -n 3 --dist=loadfile --no-loadscope-reorder "$@" ;;
+    tier=(); rest=()
+    for a in "$@"; do
+      if [[ "$a" == "--quick" ]]; then tier=(-m "not slow"); else rest+=("$a"); fi
+    done
+    echo "run.sh: ruff check (the linter, pyproject.toml [tool.ruff])" >&2
+    "$VENV/bin/ruff" check --quiet . || { echo "error: ruff check failed (above); fix the code" \
+      "or run .venv/bin/ruff check --fix ." >&2; exit 1; }
+    exec "$VENV/bin/python" -m pytest -q -n 3 --dist=loadfile --no-loadscope-reorder \
+      ${tier[@]+"${tier[@]}"} ${rest[@]+"${rest[@]}"} ;;
   check)
     shift; bootstrap
     exec "$VENV/bin/python" -m logs.compliance "$@" ;;

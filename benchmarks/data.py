@@ -135,12 +135,12 @@ def open_tfds(data_dir: str, name: str, split: str, dataset_flag: str, prepare: 
         f"{folder} holds no ArrayRecord files; meshperf reads tfds datasets "
         f"prepared with --file_format=array_record (no TensorFlow at run time)")
   _check_split(infos[0], split, name, prepare)
-  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+  import tensorflow_datasets as tfds
   try:
     decoders = {k: tfds.decode.SkipDecoding() for k in undecoded} or None
     return tfds.data_source(name, split=split, data_dir=data_dir, download=False,
                             decoders=decoders)
-  except Exception as e:  # pylint: disable=broad-except  # the files on disk are the user's
+  except Exception as e:  # the files on disk are the user's
     raise UserError(f"tensorflow-datasets cannot open {folder} ({type(e).__name__}: "
                     f"{str(e).strip().splitlines()[-1][:200]}); prepare {name} again with "
                     f"{prepare}") from None

@@ -134,10 +134,10 @@ def setup(argv: list[str], verb: str = "<benchmark>",
   _check_run_flags(name, fv)
 
   # Devices first: simulated CPU devices must be set before jax starts.
-  from mesh import devices, topology  # pylint: disable=import-outside-toplevel
-  from mesh.spec import parse_layout, parse_mesh  # pylint: disable=import-outside-toplevel
+  from mesh import devices, topology
+  from mesh.spec import parse_layout, parse_mesh
   parse_mesh(cfg.mesh), parse_layout(cfg.layout)   # malformed strings fail before jax starts
-  import optimizations  # pylint: disable=import-outside-toplevel
+  import optimizations
   optimizations.check_applies(   # unknown names, or one that does nothing here, fail now
       optimizations.parse(cfg.optimizations), name, entry.dimensions())
   if fv.topology:
@@ -164,13 +164,13 @@ def main(argv: list[str]) -> int:
   name, cfg, fv = p.name, p.cfg, p.flags
   stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
   if fv.compile_only:
-    from benchmarks.pod import compile_only  # pylint: disable=import-outside-toplevel
+    from benchmarks.pod import compile_only
     where = (fv.topology or "local").replace(":", "-")
     compile_only.run(name, cfg, fv.topology,
                      fv.output_dir or os.path.join("runs", name, f"compile-{where}-{stamp}"),
                      cache_dir=fv.compile_cache or None)
     return 0
-  from benchmarks.loop import outputs, series, train  # pylint: disable=import-outside-toplevel
+  from benchmarks.loop import outputs, series, train
   opts = outputs.RunOptions(
       output_dir=fv.output_dir or os.path.join("runs", name, stamp),
       run_index=fv.run_index, division=fv.division, submission_org=fv.submission_org,
@@ -202,7 +202,7 @@ def ending(fn: Callable[[list[str]], int], argv: list[str]) -> tuple[int, str | 
     return e.status, f"error: {e}"
   except KeyboardInterrupt:
     return errors.EXIT_PREEMPTED, "interrupted"
-  except Exception as e:  # pylint: disable=broad-except
+  except Exception as e:
     lost = multihost.peer_lost(e)     # multi-host: a failed collective is a lost peer, not a bug
     if lost is None:
       return errors.EXIT_CRASHED, traceback.format_exc().rstrip("\n")

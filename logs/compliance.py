@@ -17,13 +17,13 @@ import tempfile
 
 def rulesets_of(mlperf_name: str | None) -> tuple[str, ...]:
   """The training rulesets a registered benchmark declares for its MLPerf name (its Spec)."""
-  from benchmarks import registry  # pylint: disable=import-outside-toplevel
+  from benchmarks import registry
   entry = registry.by_mlperf_name(mlperf_name) if mlperf_name else None
   return entry.spec.rulesets if entry else ()
 
 
 def known_names() -> list[str]:
-  from benchmarks import registry  # pylint: disable=import-outside-toplevel
+  from benchmarks import registry
   return [e.spec.mlperf_name for e in registry.BENCHMARKS.values()]
 
 _SEPARATOR = "-" * 30
@@ -50,7 +50,7 @@ def _record(line: str) -> dict | None:
 def read_log(path: str) -> list[dict]:
   """The records of an MLPerf log; UserError when it is not one, or a line is cut off (a run
   that crashed while writing leaves its last line half written)."""
-  from mesh.errors import UserError  # pylint: disable=import-outside-toplevel
+  from mesh.errors import UserError
   try:
     with open(path, encoding="utf-8", errors="replace") as f:
       lines = f.read().splitlines()
@@ -66,8 +66,8 @@ def read_log(path: str) -> list[dict]:
     if rec is None:
       cut = n == len(lines) and not line.rstrip().endswith("}")
       what = (f"its last line (line {n}) is cut off mid-record: the run ended while writing it "
-              f"(a crash, a kill or a full disk), so the log is incomplete and not a result; run it "
-              f"again, or continue it with --resume (its own log, not a result either)"
+              f"(a crash, a kill or a full disk), so the log is incomplete and not a result; run "
+              f"it again, or continue it with --resume (its own log, not a result either)"
               if cut else f"line {n} is not a whole MLLOG record ({line.strip()[:80]}); the "
               f"log was edited or damaged")
       raise UserError(f"{path}: {what}")
@@ -141,7 +141,7 @@ def find_logs(path: str) -> list[str]:
 
 def check_path(path: str, rulesets: tuple[str, ...] | None = None) -> list[CheckResult]:
   """Checks a file or every result_*.txt under a folder. Raises UserError on a bad path."""
-  from mesh.errors import UserError  # pylint: disable=import-outside-toplevel
+  from mesh.errors import UserError
   if not os.path.exists(path):
     raise UserError(f"{path} does not exist; pass a result_*.txt file or a run's output folder")
   logs = find_logs(path)
@@ -163,7 +163,7 @@ def check_path(path: str, rulesets: tuple[str, ...] | None = None) -> list[Check
 
 
 def main(argv: list[str]) -> int:
-  from mesh.errors import UserError  # pylint: disable=import-outside-toplevel
+  from mesh.errors import UserError
   if len(argv) != 1 or argv[0].startswith("-"):
     got = "nothing" if not argv else " ".join(argv)
     print(f"error: ./run.sh check takes one PATH, a result_*.txt file or a folder of them "
@@ -179,7 +179,7 @@ def main(argv: list[str]) -> int:
     if not r.ok:
       for m in r.messages:
         print("    " + m.replace("\n", "\n    "))
-  from logs import resumed  # pylint: disable=import-outside-toplevel
+  from logs import resumed
   not_results = 0
   for log in dict.fromkeys(r.path for r in results):
     why = resumed.verdict(log)

@@ -1,5 +1,5 @@
 """MLPerf logging through `mlperf_logging.mllog`, to `<output_dir>/result_<run_index>.txt` (or,
-for a resumed run, its own `result_<run_index>.resume-<k>.txt`; README "Resumed runs").
+for a resumed run, its own `result_<run_index>.resume-<k>.txt`; docs/preemption.md).
 
 Only the process that is told it is the writer (process 0) writes; the others log nothing.
 """
@@ -54,7 +54,7 @@ class MLPerfLog:
       return
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     self.path = path
-    self._file = open(path, "x", encoding="utf-8")   # pylint: disable=consider-using-with
+    self._file = open(path, "x", encoding="utf-8")
     for text in self._held or ():
       self._file.write(text + "\n")
     self._file.flush()

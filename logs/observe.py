@@ -2,11 +2,12 @@
 
 - TensorBoard events in `<output_dir>/tensorboard/run_<run_index>/`, written with tensorboardX
   (TensorBoard's event-file format without TensorFlow). The loop keeps training metrics on the
-  device and fetches them once per window (`benchmarks.loop.stops.MetricsWindow`); `window()` writes each
-  fetched step's metrics (`train/loss`, `train/lr`, ...) at its global step, and per window
-  `perf/step_s` and `perf/examples_per_s`; `evaluation()` writes `eval/quality` (the
-  benchmark's metric, as summary.json's "quality") and `eval/seconds`. Global steps, so a resumed run's events (a new file in the same folder,
-  which TensorBoard reads together) continue the curves; each run index has its own folder.
+  device and fetches them once per window (`benchmarks.loop.stops.MetricsWindow`); `window()`
+  writes each fetched step's metrics (`train/loss`, `train/lr`, ...) at its global step, and per
+  window `perf/step_s` and `perf/examples_per_s`; `evaluation()` writes `eval/quality` (the
+  benchmark's metric, as summary.json's "quality") and `eval/seconds`. Global steps, so a
+  resumed run's events (a new file in the same folder, which TensorBoard reads together)
+  continue the curves; each run index has its own folder.
 - A PNG, `summary.png` (`summary_<K>.png` for --run_index=K), beside summary.json at any ending:
   quality at each evaluation and the training loss against seconds since run_start, the target
   as a line. A plotting error never changes how the run ends: one warning line instead.
@@ -98,7 +99,7 @@ class Observer:
     self._tracing = False
     self._events = None
     if writer:
-      from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+      from tensorboardX import SummaryWriter
       # The queue is flushed at every evaluation and at close; between them every 30 s.
       self._events = SummaryWriter(self.tb_dir, flush_secs=30)
 
@@ -115,7 +116,7 @@ class Observer:
       return
     a, b = self.profile_steps
     if a <= step < b:
-      import jax  # pylint: disable=import-outside-toplevel
+      import jax
       jax.profiler.start_trace(self.prof_dir, create_perfetto_trace=True)
       self._tracing = True
 
@@ -124,7 +125,7 @@ class Observer:
     apart by it; JAX docs, "Profiling computation"), else nothing."""
     if not self._tracing:
       return contextlib.nullcontext()
-    import jax  # pylint: disable=import-outside-toplevel
+    import jax
     return jax.profiler.StepTraceAnnotation("train", step_num=step)
 
   def after_step(self, step: int, outputs) -> None:
@@ -134,12 +135,12 @@ class Observer:
       return
     self.traced.append(step)
     if step == self.profile_steps[1] - 1:
-      import jax  # pylint: disable=import-outside-toplevel
+      import jax
       jax.block_until_ready(outputs)
       self._stop_trace()
 
   def _stop_trace(self) -> None:
-    import jax  # pylint: disable=import-outside-toplevel
+    import jax
     self._tracing = False
     jax.profiler.stop_trace()
     self.say(f"profile of steps {self.traced[0]}..{self.traced[-1]}: {self.trace_file()} "
@@ -210,7 +211,7 @@ class Observer:
     """The PNG: quality at each evaluation (left axis, with the target) and the training loss
     (right axis) against seconds since run_start. Matplotlib's object API on the Agg canvas,
     without pyplot's global state (matplotlib docs, "Embedding in a web application server")."""
-    # pylint: disable=import-outside-toplevel
+
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     fig = Figure(figsize=(8, 4.5), dpi=100, layout="constrained")
@@ -248,7 +249,7 @@ def _quietly(fn, what: str) -> bool:
   try:
     fn()
     return True
-  except Exception as e:  # pylint: disable=broad-except
+  except Exception as e:
     print(f"warning: {what} not written: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
     return False
 

@@ -121,8 +121,8 @@ def choose_ruleset(mlperf_name: str, given: str | None) -> str:
   """--ruleset, or the newest of the benchmark's rulesets (its Spec) that the package checker
   knows the benchmark in (mlperf_logging.benchmark_meta: it skips an unknown benchmark without
   checking it, so a package of one would pass unchecked)."""
-  from mlperf_logging.benchmark_meta import get_allowed_benchmarks  # pylint: disable=C0415
-  from mlperf_logging.compliance_checker.mlp_compliance import rule_choices  # pylint: disable=C0415
+  from mlperf_logging.benchmark_meta import get_allowed_benchmarks
+  from mlperf_logging.compliance_checker.mlp_compliance import rule_choices
   known = {r for r in rule_choices() if _knows(get_allowed_benchmarks, r, mlperf_name)}
   mine = [r for r in compliance.rulesets_of(mlperf_name) if r in known]
   order = lambda r: tuple(int(x) for x in r.split("."))  # noqa: E731
@@ -189,7 +189,7 @@ def plan(argv: list[str]) -> dict:
       "runs", "package", datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
   if os.path.isdir(out) and os.listdir(out):
     raise UserError(f"--output_dir={out} already holds files; name a new or empty folder")
-  from benchmarks import config as config_lib  # pylint: disable=import-outside-toplevel
+  from benchmarks import config as config_lib
   config_lib.check_writable("--output_dir", out)
   return {"runs": runs, "org": org, "system": system, "division": division, "ruleset": ruleset,
           "benchmark": first["benchmark"], "status": first["status"], "out": out,
@@ -207,13 +207,13 @@ def _git(*args) -> str:
 
 
 def write_code(dest: str) -> str:
-  """The meshperf code a run imports, and run.sh, pyproject.toml, README.md, into `dest`, with
-  SOURCE.txt naming the git commit (and files that differ from it). MLPerf asks for the code of
-  a submission (submission rules, "Source code requirements for replication")."""
+  """The meshperf code a run imports, and run.sh, pyproject.toml, README.md, LICENSE, into `dest`,
+  with SOURCE.txt naming the git commit (and files that differ from it). MLPerf asks for the code
+  of a submission (submission rules, "Source code requirements for replication")."""
   for top in CODE:
     shutil.copytree(os.path.join(ROOT, top), os.path.join(dest, top),
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-  for name in ("run.sh", "pyproject.toml", "README.md"):
+  for name in ("run.sh", "pyproject.toml", "README.md", "LICENSE"):
     if os.path.exists(os.path.join(ROOT, name)):
       shutil.copy2(os.path.join(ROOT, name), dest)
   commit = _git("rev-parse", "HEAD")
@@ -379,7 +379,7 @@ def check(p: dict, w: dict) -> list[Verdict]:
 
 
 def _rcp(p, w, checks, closed) -> Verdict:
-  from mlperf_logging.rcp_checker import rcp_checker  # pylint: disable=import-outside-toplevel
+  from mlperf_logging.rcp_checker import rcp_checker
   ruleset, bench = p["ruleset"], p["benchmark"]
   if not closed:
     return Verdict("rcp_checker", "n/a", "open division: MLPerf holds convergence to the "

@@ -37,7 +37,7 @@ class RunTime:
 def run_time(path: str, records: list[dict] | None = None) -> RunTime:
   """The run of a result log (UserError when it is not a whole log with run_start and run_stop).
   `records`: the log's records when the caller has read them already (`compliance.read_log`)."""
-  from mesh.errors import UserError  # pylint: disable=import-outside-toplevel
+  from mesh.errors import UserError
   records = compliance.read_log(path) if records is None else records
   at = {r["key"]: r for r in records if r["key"] in ("run_start", "run_stop", "seed")}
   if "run_start" not in at or "run_stop" not in at:
@@ -53,7 +53,7 @@ def required_runs(mlperf_name: str) -> int | None:
   """Runs MLPerf asks for one benchmark result (the package checker's exact count:
   mlperf_logging.benchmark_meta; training rules, "Benchmark Results": 5 for ResNet and SSD, 10
   for the Transformer and the small LLM, llama31_8b)."""
-  from mlperf_logging.benchmark_meta import (  # pylint: disable=import-outside-toplevel
+  from mlperf_logging.benchmark_meta import (
     get_result_file_counts,
   )
   return get_result_file_counts("training").get(mlperf_name)

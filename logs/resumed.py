@@ -39,8 +39,8 @@ def verdict(path: str) -> str | None:
     stopped = stopped or e.get("key") == "run_stop"
   if resumed is not None:
     return (f"RESUMED run (attempt {resumed.get('attempt')}, continued from step "
-            f"{resumed.get('from_step')} of {resumed.get('first_log')}): not a valid MLPerf result, "
-            f"MLPerf counts only one uninterrupted run from run_start to run_stop")
+            f"{resumed.get('from_step')} of {resumed.get('first_log')}): not a valid MLPerf "
+            f"result, MLPerf counts only one uninterrupted run from run_start to run_stop")
   m = re.fullmatch(r"result_(\d+)\.txt", base)
   later = []
   if m:

@@ -27,7 +27,8 @@ form, for 8 CPU devices too):
             also read, though no program compiled here printed one);
             the groups span the axes named in braces: a sub-axis `'b':(p)s` is the size-s factor
             of axis b with p devices' worth of more major factors before it (b reshaped to
-            [p, s, n2/(p*s)], major to minor: the middle factor; Shardy's sub-axis notation). The array is transposed so the axes not named come first (in mesh order),
+            [p, s, n2/(p*s)], major to minor: the middle factor; Shardy's sub-axis notation).
+            The array is transposed so the axes not named come first (in mesh order),
             then the named ones in the order written, and cut into consecutive groups of
             prod(named sizes) (`MeshAxesReplicaGroupList::flattened_replica_groups`).
             `maximal_mesh[device_id=N]` is one device.
@@ -41,9 +42,9 @@ import dataclasses
 import re
 from typing import Any
 
-from mesh import hlo
-
 import numpy as np
+
+from mesh import hlo
 
 KINDS = ("all-reduce", "reduce-scatter", "all-gather", "collective-permute", "all-to-all")
 
@@ -147,7 +148,8 @@ def _mesh_groups(m: re.Match) -> tuple[tuple[int, ...], ...]:
   # pre-size * size), so that every reference is one dimension of the reshaped array.
   dims, where = [], {}
   for i, n in enumerate(sizes):
-    cuts = sorted({1, n} | {p for j, p, _ in refs if j == i} | {p * s for j, p, s in refs if j == i})
+    mine = [(p, s) for j, p, s in refs if j == i]
+    cuts = sorted({1, n} | {p for p, _ in mine} | {p * s for p, s in mine})
     # Factors run major to minor; a factor's pre-size is the product of the more major ones.
     factors = [(cuts[k], cuts[k + 1] // cuts[k]) for k in range(len(cuts) - 1)]
     for pre, f in factors:
@@ -294,7 +296,7 @@ def ops(colls: list[Collective]) -> tuple[list[dict[str, Any]], list[list[list[i
 
 def bytes_per_device(tree: Any) -> int:
   """Bytes one device holds of a tree of (sharded) arrays."""
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
   return sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(tree))
 
 
@@ -315,7 +317,7 @@ def facts(compiled) -> dict[str, Any]:
   try:
     cost = {k: float(v) for k, v in _cost_dict(compiled.cost_analysis()).items()
             if isinstance(v, (int, float))}
-  except Exception:  # pylint: disable=broad-except  # some backends do not implement it
+  except Exception:  # some backends do not implement it
     cost = {}
   memory = {}
   try:
@@ -323,7 +325,7 @@ def facts(compiled) -> dict[str, Any]:
     for field in ("argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes",
                   "alias_size_in_bytes", "generated_code_size_in_bytes"):
       memory[field.replace("_size_in_bytes", "_bytes")] = int(getattr(m, field))
-  except Exception:  # pylint: disable=broad-except
+  except Exception:
     pass
   return {"cost": cost, "memory": memory, "hlo": compiled.as_text()}
 

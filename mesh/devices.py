@@ -19,8 +19,8 @@ def use_cpu_devices(n: int) -> None:
   flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
            if not f.startswith("--xla_force_host_platform_device_count")]
   os.environ["XLA_FLAGS"] = " ".join(flags + [flag])
-  import jax  # pylint: disable=import-outside-toplevel
-  from jax._src import xla_bridge  # pylint: disable=import-outside-toplevel
+  import jax
+  from jax._src import xla_bridge
   if xla_bridge.backends_are_initialized():
     have = len(jax.devices("cpu"))
     if have != n:
@@ -37,9 +37,9 @@ def make_mesh(spec: MeshSpec, devices=None):
   Accelerators get a topology-aware device order (`mesh_utils.create_device_mesh`); simulated
   CPU devices are laid out in order.
   """
-  import jax  # pylint: disable=import-outside-toplevel
-  from jax.experimental import mesh_utils  # pylint: disable=import-outside-toplevel
-  from jax.sharding import AxisType, Mesh  # pylint: disable=import-outside-toplevel
+  import jax
+  from jax.experimental import mesh_utils
+  from jax.sharding import AxisType, Mesh
   devices = list(devices if devices is not None else jax.devices())
   spec = spec.resolve(len(devices))
   if devices[0].platform == "cpu":

@@ -1,6 +1,6 @@
 """How a run ends, for the user and for the scripts that launch it: one error type a user sees
-(a single line saying what is wrong and how to fix it) and the exit statuses (README, "Exit
-statuses"), all defined here so every entry point agrees."""
+(a single line saying what is wrong and how to fix it) and the exit statuses (docs/outputs.md),
+all defined here so every entry point agrees."""
 
 # Exit statuses of `./run.sh <benchmark>` (and the other verbs where they apply).
 EXIT_SUCCESS = 0        # the quality target was reached

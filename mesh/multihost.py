@@ -36,7 +36,7 @@ def maybe_initialize_distributed(coordinator_address: str | None, num_processes:
   or has ended, for `timeout_s`. jax's own heartbeat and start deadlines are set well past
   `timeout_s`, so these checks come first.
   """
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
   coordinator_address = coordinator_address or os.environ.get("MESHPERF_COORDINATOR")
   if not coordinator_address:
     return
@@ -96,13 +96,13 @@ def _die(error: RunEnded, claimed: bool = False) -> None:
   `claim_ending()` already."""
   if not claimed and not claim_ending():
     time.sleep(ENDING_GRACE_S)
-    os._exit(error.status)  # pylint: disable=protected-access
+    os._exit(error.status)
   try:
     sys.stdout.flush()
     print(f"error: {error}", file=sys.stderr, flush=True)
     _last_words_said()
   finally:
-    os._exit(error.status)  # pylint: disable=protected-access
+    os._exit(error.status)
 
 
 def _last_words_said() -> None:
@@ -172,8 +172,8 @@ def _watch_peers(coordinator_address: str, timeout_s: float) -> None:
   and end when it marks itself failed, when it stops moving for `timeout_s`, or when the
   coordinator does not answer for as long. A process ending normally marks itself "done" at
   exit (before jax's own shutdown barrier)."""
-  import jax  # pylint: disable=import-outside-toplevel
-  from jax._src import distributed  # pylint: disable=import-outside-toplevel
+  import jax
+  from jax._src import distributed
   client = getattr(getattr(distributed, "global_state", None), "client", None)
   me, count = jax.process_index(), jax.process_count()
   if client is None or count < 2:
@@ -188,7 +188,7 @@ def _watch_peers(coordinator_address: str, timeout_s: float) -> None:
       return dict(client.key_value_dir_get(_ALIVE))
     try:
       return {f"{_ALIVE}0": client.key_value_try_get(f"{_ALIVE}0")}
-    except Exception as e:  # pylint: disable=broad-except
+    except Exception as e:
       if "NOT_FOUND" in str(e):
         return {}
       raise
@@ -213,7 +213,7 @@ def _watch_peers(coordinator_address: str, timeout_s: float) -> None:
         client.key_value_set(key, str(n), allow_overwrite=True)
         values = read()
         failing_since = None
-      except Exception as e:  # pylint: disable=broad-except
+      except Exception as e:
         if stop.is_set():
           return
         failing_since = failing_since or now
@@ -246,7 +246,7 @@ def _watch_peers(coordinator_address: str, timeout_s: float) -> None:
     stop.set()
     try:
       client.key_value_set(key, "done", allow_overwrite=True)
-    except Exception:  # pylint: disable=broad-except
+    except Exception:
       pass
 
   atexit.register(done)   # runs before jax's own atexit shutdown (registered earlier)
@@ -262,7 +262,7 @@ def _mark_failed(status: int, why: str = "", wait: bool = True) -> None:
     _WATCH["client"].key_value_set(_WATCH["key"], f"failed:{status}:{why}", allow_overwrite=True)
     if wait and _WATCH["process"] == 0:
       time.sleep(2 * _WATCH["interval"] + 1)
-  except Exception:  # pylint: disable=broad-except
+  except Exception:
     pass
 
 
@@ -283,7 +283,7 @@ def exit_process(code: int):
   sys.stdout.flush()
   _last_words_said()
   _mark_failed(code)
-  os._exit(code)  # pylint: disable=protected-access
+  os._exit(code)
 
 
 _COLLECTIVE_LOST = re.compile(r"Gloo [\w -]*failed|GetKeyValue\(\) timed out|"

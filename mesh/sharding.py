@@ -90,7 +90,8 @@ def _fmt(names: Names) -> str:
 
 
 def names_of(boxed_tree: Any) -> Any:
-  """Dimension names of every leaf of a tree of flax `LogicallyPartitioned` boxes (None: unnamed)."""
+  """Dimension names of every leaf of a tree of flax `LogicallyPartitioned` boxes (None:
+  unnamed)."""
   def leaf_names(x):
     if isinstance(x, nn.Partitioned):
       return tuple(x.names)

@@ -76,7 +76,8 @@ def accelerator_type(topo: Topology) -> str:
   """Cloud TPU's name of the slice: v2/v3/v4/v5p count TensorCores ("v3-2048"), v5e chips."""
   if topo.generation == "v5e":
     return f"v5litepod-{topo.num_chips}"
-  return f"{topo.generation}-{topo.num_chips * hardware.GENERATIONS[topo.generation].cores_per_chip}"
+  cores = topo.num_chips * hardware.GENERATIONS[topo.generation].cores_per_chip
+  return f"{topo.generation}-{cores}"
 
 
 def prepare_host(topo: Topology | None = None) -> None:
@@ -88,23 +89,23 @@ def prepare_host(topo: Topology | None = None) -> None:
   if topo is not None:
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", accelerator_type(topo))
   os.environ["JAX_PLATFORMS"] = "cpu"
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
   jax.config.update("jax_platforms", "cpu")
 
 
 def devices(topo: Topology) -> list:
   """The slice's compile-only devices (libtpu), in the order libtpu numbers them."""
   try:
-    import libtpu  # noqa: F401  # pylint: disable=import-outside-toplevel,unused-import
+    import libtpu  # noqa: F401
   except ImportError:
     raise UserError(f"--topology needs the TPU compiler (libtpu), which the default CPU install "
                     f"leaves out; install it with {INSTALL}") from None
-  from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
+  from jax.experimental import topologies
   kwargs = {"chip_config_name": "megacore"} if topo.generation == "v4" and topo.megacore else {}
   try:
     desc = topologies.get_topology_desc(topology_name=topo.name.replace(":cores", ""),
                                         platform="tpu", **kwargs)
-  except Exception as e:  # pylint: disable=broad-except  # libtpu's own message says why
+  except Exception as e:  # libtpu's own message says why
     raise UserError(f"--topology={topo.name}: libtpu refused the slice: "
                     f"{str(e).splitlines()[0]}") from None
   devs = list(desc.devices)

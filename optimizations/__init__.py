@@ -51,16 +51,16 @@ class Update:
     return ctx.param_shardings
 
   def reduce(self, grads, ctx):
-    from mesh import collectives as coll  # pylint: disable=import-outside-toplevel
+    from mesh import collectives as coll
     return coll.unflatten(ctx.plan.reduction.all_reduce(coll.flatten(grads)), grads)
 
   def out_spec(self, ctx):
     del ctx
-    from jax.sharding import PartitionSpec  # pylint: disable=import-outside-toplevel
+    from jax.sharding import PartitionSpec
     return PartitionSpec()
 
   def apply(self, tx, grads, opt_state, params, ctx):
-    import optax  # pylint: disable=import-outside-toplevel
+    import optax
     updates, opt_state = tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state
 

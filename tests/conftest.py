@@ -30,7 +30,7 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import jax  # noqa: E402  pylint: disable=wrong-import-position
+import jax  # noqa: E402
 
 assert len(jax.devices()) == 8, jax.devices()
 

@@ -4,8 +4,9 @@ The promise, checked for every case: exit status 2; exactly one stderr line star
 which says what is wrong (the case's needle); no traceback and no usage page; and nothing left
 behind: the --output_dir is not made, and no file or folder appears under the test's folder
 (the runs start there, so their default runs/ would land in it), or in the datasets the cases
-read; the tokenizer cache may only gain a finished tokenizer. Datasets are built here in their real formats (tfds ArrayRecord,
-COCO layout, sentencepiece, MLPerf logs) with the builders of the data tests, then damaged.
+read; the tokenizer cache may only gain a finished tokenizer. Datasets are built here in their
+real formats (tfds ArrayRecord, COCO layout, sentencepiece, MLPerf logs) with the builders of
+the data tests, then damaged.
 """
 
 import json
@@ -193,7 +194,8 @@ CASES = [
     ("run.sh", ["check", "{root}/logs/empty"], "no result_*.txt under"),
     ("run.sh", ["check"], "./run.sh check takes one PATH"),
     ("run.sh", ["check", "{text_file}", "{text_file}"], "./run.sh check takes one PATH"),
-    ("run.sh", [], "./run.sh needs a verb: a benchmark (resnet, transformer, ssd, lm), test, check"),
+    ("run.sh", [],
+     "./run.sh needs a verb: a benchmark (resnet, transformer, ssd, lm), test, check"),
     ("run.sh", ["--config=tiny"], "the first word is a verb"),
     ("run.sh", ["install", "rocm"], "./run.sh install takes tpu, cuda12 or cuda13"),
     ("main", ["resnet", "--coordinator_address=127.0.0.1:23456", "--num_processes=2",

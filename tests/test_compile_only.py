@@ -65,6 +65,7 @@ def resnet_v3():
 @needs_libtpu
 def test_tiny_resnet_on_a_v3_slice(resnet_v3):
   import jax
+
   from benchmarks.resnet import suite
   s = resnet_v3
   assert s["topology"]["devices"] == 8 and s["topology"]["device_kind"] == "TPU v3"
@@ -155,6 +156,7 @@ def test_the_compile_cache_reuses_programs_until_their_code_changes(tmp_path, mo
   """A compiled program's facts are cached: the same config reads them back (same summary, no
   compile); a changed source file that compiled it makes it compile again."""
   import gzip
+
   from benchmarks.pod import compile_only
   cfg = helpers.tiny_resnet()
   quiet = lambda s: None                                          # noqa: E731
@@ -167,7 +169,8 @@ def test_the_compile_cache_reuses_programs_until_their_code_changes(tmp_path, mo
   assert not compiles
   drop = lambda s: {k: v for k, v in s.items() if k != "jax_version"}   # noqa: E731
   assert json.dumps(drop(again), sort_keys=True) == json.dumps(drop(first), sort_keys=True)
-  other = compile_only.analyze("resnet", dataclasses.replace(cfg, global_batch_size=2 * cfg.global_batch_size),
+  doubled = dataclasses.replace(cfg, global_batch_size=2 * cfg.global_batch_size)
+  other = compile_only.analyze("resnet", doubled,
                                None,
                                say=quiet, cache_dir=str(tmp_path))
   assert compiles == [1] and other["train"]["flops_per_device"] != first["train"][

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from benchmarks import registry
-from benchmarks.loop import outputs, train
 from benchmarks.config import Common
+from benchmarks.loop import outputs, train
 from benchmarks.task import Spec
 from logs import compliance
 

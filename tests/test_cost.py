@@ -132,7 +132,8 @@ def test_summary_by_group_and_ops():
   assert len(op_list) == len(colls) == 7
   first = op_list[0]
   assert first == {"kind": "all-reduce", "bytes": 1024 * 4 + 16 * 16 * 2, "dtype": "bf16,f32",
-                   "group_size": 4, "num_groups": 1, "all_devices": False, "group_set": 0, "repeat": 1}
+                   "group_size": 4, "num_groups": 1, "all_devices": False, "group_set": 0,
+                   "repeat": 1}
   assert sets[first["group_set"]] == [[0, 1, 2, 3]]
   assert sets[op_list[-1]["group_set"]] == [[0, 1, 2, 3], [4, 5, 6, 7]]
   json.dumps({"ops": op_list, "sets": sets})
@@ -159,9 +160,9 @@ def _tpu_devices(name):
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")    # other processes may hold libtpu
   os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
   try:
-    from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
+    from jax.experimental import topologies
     return list(topologies.get_topology_desc(topology_name=name, platform="tpu").devices)
-  except Exception as e:  # pylint: disable=broad-except
+  except Exception as e:
     pytest.skip(f"jax.experimental.topologies gives no TPU devices for {name} here "
                 f"(libtpu missing or busy): {str(e)[:200]}")
 

@@ -116,5 +116,5 @@ def test_jpeg_bytes_decode_at_reduced_scale_like_full_decode():
   c, d = data_lib.center_crop(raw, 224), data_lib.center_crop(pixels, 224)
   assert np.abs(c.astype(np.float32) - d).mean() < 0.01
   im = Image.open(io.BytesIO(raw))
-  data_lib._decode(im, (0, 0, 400, 300), (32, 32))  # pylint: disable=protected-access
+  data_lib._decode(im, (0, 0, 400, 300), (32, 32))
   assert im.size == (50, 38)                        # decoded at 1/8 scale

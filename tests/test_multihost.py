@@ -3,7 +3,7 @@
 
 - In float64 the two-process run equals the one-process run: every evaluation's train loss to
   1e-12 and every final parameter to 1e-9 (measured: losses to 2e-16, parameters to 8e-15
-  absolute), so the float32 drift between them (README) is rounding. Only process 0 prints and
+  absolute), so the float32 drift between them is rounding. Only process 0 prints and
   writes the MLPerf log and summary.json.
 - Each process reads its own half of every global batch (the data module, in process).
 - A process that cannot reach --coordinator_address, or a coordinator whose peers never join,
@@ -312,8 +312,8 @@ def test_three_processes_end_together(tmp_path):
 
   # Usually jax aborts them from C++ first (SIGABRT); on a loaded machine the watchdog or the
   # failed collective can see the coordinator gone first and end them with status 6, their own
-  # line last even when jax's abort message races it (CI, 2026-12-01), or jax can abort just
-  # after that line. Either way: bounded, not a hang.
+  # line last even when jax's abort message races it (seen on a loaded CI machine), or jax can
+  # abort just after that line. Either way: bounded, not a hang.
   for i in (1, 2):
     code, said = clusters["coordinator"][i].returncode, err(f"coordinator{i}")
     assert code in (-signal.SIGABRT, 6), (code, said)
@@ -385,8 +385,8 @@ run_main(main)
 
 def test_last_line_is_ours_when_the_runtime_logs_while_ending(tmp_path):
   """A lost peer's status-6 ending: the runtime's threads may log after the `error:` line while
-  the process marks itself failed and exits (CI 2026-12-01: jax's abort message came last); the
-  user's last line is still ours (`multihost._last_words_said`)."""
+  the process marks itself failed and exits (seen on a loaded CI machine: jax's abort message
+  came last); the user's last line is still ours (`multihost._last_words_said`)."""
   script = tmp_path / "runtime.py"
   script.write_text(_RUNTIME_SPEAKS_LAST)
   p = subprocess.run([sys.executable, str(script)], cwd=ROOT, env={**_env(x64=False),

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 import optimizations
-from benchmarks.loop import step as step_lib
 from benchmarks.loop import outputs, train
+from benchmarks.loop import step as step_lib
+from benchmarks.pod.scale_points import POINTS
 from benchmarks.registry import BENCHMARKS
 from benchmarks.resnet import suite
-from benchmarks.pod.scale_points import POINTS
 from mesh import cost, devices, sharding
 from mesh.errors import UserError
 from mesh.spec import parse_layout, parse_mesh
@@ -196,7 +196,8 @@ def test_grad_accum_plan_and_log(tmp_path):
 
 # --- an optimization that would do nothing on a benchmark is bad input ------------------------
 
-# optimization -> the benchmarks it does something on (the README's applicability table).
+# optimization -> the benchmarks it does something on (docs/optimizations.md's applicability
+# table).
 APPLIES = {
     "spatial_partitioning": {"resnet", "ssd"},          # splits the image height
     "grad_sum_2d": set(BENCHMARKS),                     # the rest act on the batch split

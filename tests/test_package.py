@@ -170,9 +170,9 @@ def test_olympic_mean_follows_mlperf_rules():
 
 
 def test_a_series_compile_cache_is_removed_and_no_longer_named():
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
 
-  from benchmarks.loop import series  # pylint: disable=import-outside-toplevel
+  from benchmarks.loop import series
   before = jax.config.jax_compilation_cache_dir     # the test session's (tests/conftest.py)
   jax.config.update("jax_compilation_cache_dir", None)   # as a run without one starts
   try:

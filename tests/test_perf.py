@@ -34,7 +34,7 @@ def test_baseline_is_meshperf_resnet_same_weights_same_step():
   cfg = handwritten.resnet_config(a, len(devs))
   built = build(cfg, BENCHMARKS["resnet"], devs=devs, with_eval=False)
   program, state = built.program, built.state
-  images, labels = handwritten._synthetic(a)  # pylint: disable=protected-access
+  images, labels = handwritten._synthetic(a)
   local = {"image": images, "label": labels}
   base = Baseline(devs, a.depth, a.width, a.num_classes, a.image_size, a.batch,
                   lr=handwritten.baseline_lr(cfg))
@@ -128,11 +128,11 @@ def test_quick_run_writes_its_reports_and_the_last_line(tmp_path):
 def test_thread_cpu_counts_python_threads_as_the_host_and_xla_threads_apart():
   """loop_overhead's thread split (`harness._thread_cpu`): a Python thread spinning 0.3 s is host
   CPU; an 8-device matmul computed on XLA's threads while the main thread waits for it is not."""
-  import threading  # pylint: disable=import-outside-toplevel
-  import time  # pylint: disable=import-outside-toplevel
+  import threading
+  import time
 
-  from benchmarks.perf import harness as perf_loop  # pylint: disable=import-outside-toplevel
-  if perf_loop._thread_cpu() is None:  # pylint: disable=protected-access
+  from benchmarks.perf import harness as perf_loop
+  if perf_loop._thread_cpu() is None:
     pytest.skip("no /proc/self/task here: the report leaves the thread split out")
   x = jax.device_put(jnp.ones((8 * 256, 512)), jax.sharding.NamedSharding(
       jax.make_mesh((8,), ("d",)), jax.sharding.PartitionSpec("d")))
@@ -147,7 +147,7 @@ def test_thread_cpu_counts_python_threads_as_the_host_and_xla_threads_apart():
       pass
     done.wait()     # alive at the second reading: an ended thread's CPU is not counted
 
-  before = perf_loop._thread_cpu()  # pylint: disable=protected-access
+  before = perf_loop._thread_cpu()
   spinner = threading.Thread(target=spin)
   spinner.start()
   time.sleep(0.4)
@@ -155,10 +155,10 @@ def test_thread_cpu_counts_python_threads_as_the_host_and_xla_threads_apart():
   outs = [f(x, w) for _ in range(20)]
   jax.block_until_ready(outs)
   time.sleep(0.05)
-  after = perf_loop._thread_cpu()  # pylint: disable=protected-access
+  after = perf_loop._thread_cpu()
   done.set()
   spinner.join()
-  host, other = perf_loop._split(before, after)  # pylint: disable=protected-access
+  host, other = perf_loop._split(before, after)
   main = time.thread_time() - main0
   assert host >= 0.28, (host, other)
   assert other >= 0.05, (host, other)

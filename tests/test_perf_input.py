@@ -1,6 +1,6 @@
-"""`benchmarks.perf.pipelines` (comparison `input_headroom`): the input pipelines timed on datasets in their
-real formats, and batches that do not depend on the number of worker processes. Speed is never
-asserted: the structures and the rows are."""
+"""`benchmarks.perf.pipelines` (comparison `input_headroom`): the input pipelines timed on
+datasets in their real formats, and batches that do not depend on the number of worker
+processes. Speed is never asserted: the structures and the rows are."""
 
 import dataclasses
 

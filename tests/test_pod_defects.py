@@ -17,14 +17,15 @@ import pytest
 from flax import linen as nn
 from jax.sharding import PartitionSpec
 
-from benchmarks.loop import step as step_lib
 from benchmarks.common.convnet import BatchNorm
+from benchmarks.loop import step as step_lib
 from benchmarks.ssd import detect
 from benchmarks.ssd import suite as ssd_suite
 from benchmarks.ssd.config import PRESETS as SSD_PRESETS
 from mesh import cost
 from mesh.sharding import manual
 from tests import helpers
+
 
 def groups_of(c: cost.Collective) -> frozenset[tuple[int, ...]]:
   """A collective's replica groups (its source-target pairs for a collective-permute) as a set
@@ -196,8 +197,8 @@ def shapes_dir(tmp_path_factory):
   return tmp_path_factory.mktemp("shapes") / "coco"
 
 
-@pytest.mark.parametrize("mesh,opts", [("data:8", "distributed_eval"),
-                                       ("data:2,spatial:4", "spatial_partitioning,distributed_eval")])
+@pytest.mark.parametrize("mesh,opts", [
+    ("data:8", "distributed_eval"), ("data:2,spatial:4", "spatial_partitioning,distributed_eval")])
 def test_ssd_eval_collectives_bounded_by_the_kept_detections(shapes_dir, mesh, opts):
   """No collective of the eval step crosses replicas (the devices of one image: 1 on data:8,
   4 on data:2,spatial:4) beyond the kept detections' bytes. Before, `lax.top_k` all-gathered

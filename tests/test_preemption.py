@@ -190,12 +190,12 @@ def test_overwrite_starts_clean_and_run_indices_do_not_collide(baseline, tmp_pat
 def test_a_failed_save_leaves_the_previous_checkpoint_whole(tmp_path, capfd):
   """A real write error from the OS (the file-size limit: EFBIG, as a full disk gives ENOSPC)
   during a save: one CheckpointFailed line, no partial folder, the previous step restores."""
-  import resource  # pylint: disable=import-outside-toplevel
+  import resource
 
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
 
-  from benchmarks.loop import checkpoints  # pylint: disable=import-outside-toplevel
-  from mesh.errors import CheckpointFailed  # pylint: disable=import-outside-toplevel
+  from benchmarks.loop import checkpoints
+  from mesh.errors import CheckpointFailed
   state = {"step": np.int32(1), "params": {"w": np.arange(300_000, dtype=np.float32)}}
   where = {"step": 1, "seed": 0, "global_batch_size": 32, "num_train": 100, "steps_per_epoch": 3}
   ckpt = checkpoints.Checkpoints(str(tmp_path / "checkpoints"))

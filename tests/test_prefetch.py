@@ -1,4 +1,5 @@
-"""benchmarks.loop.prefetch: the order is the pipeline's, errors arrive at their batch, close stops."""
+"""benchmarks.loop.prefetch: the order is the pipeline's, errors arrive at their batch, close
+stops."""
 
 import threading
 import time

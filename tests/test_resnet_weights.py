@@ -18,10 +18,10 @@ from jax.sharding import NamedSharding, PartitionSpec
 from numpy.lib.stride_tricks import sliding_window_view
 
 from benchmarks.common import weights
+from benchmarks.loop.checkpoints import Checkpoints
 from benchmarks.resnet import convert_torch
 from benchmarks.resnet.convert_torch import convert
 from benchmarks.resnet.model import ResNet
-from benchmarks.loop.checkpoints import Checkpoints
 from mesh.errors import UserError
 
 TORCHVISION = {18: ((2, 2, 2, 2), False), 34: ((3, 4, 6, 3), False), 50: ((3, 4, 6, 3), True)}
@@ -218,7 +218,7 @@ class _Tensor:
 def test_main_converts_a_torch_file(tmp_path, monkeypatch, capsys):
   sd = torchvision_state_dict(18, classes=10)
 
-  def fake_load(path, map_location, weights_only=False):  # pylint: disable=unused-argument
+  def fake_load(path, map_location, weights_only=False):
     assert weights_only is True              # never unpickle code from a downloaded file
     return {"state_dict": {k: _Tensor(v) for k, v in sd.items()}}
   fake_torch = types.SimpleNamespace(

@@ -17,7 +17,8 @@ from mesh.spec import parse_layout, parse_mesh
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# /work/shared/REFERENCE.md, "MLPerf v0.6 results on TPU-v3" (olympic means, minutes).
+# MLPerf Training v0.6 results, Google's TPU-v3 closed-division entries (olympic means, minutes;
+# mlcommons/training_results_v0.6), written here independently of benchmarks/pod/scale_points.py.
 PUBLISHED = {
     "resnet": (42.19, 11.22, 6.86, 3.85, 2.30, 1.28),
     "ssd": (12.61, 3.89, 2.76, 1.79, 1.34, 1.21),
@@ -80,11 +81,12 @@ def test_cache_key_changes_with_config_topology_and_compiler():
   cfg = scale.point_config(p)
   key = compile_cache.cache_key("resnet", cfg, p.topology, True, "code")
   assert key == compile_cache.cache_key("resnet", scale.point_config(p), p.topology, True, "code")
-  import dataclasses  # pylint: disable=import-outside-toplevel
+  import dataclasses
   others = [
-      compile_cache.cache_key("resnet", dataclasses.replace(cfg, global_batch_size=8192), p.topology,
-                      True, "code"),
-      compile_cache.cache_key("resnet", dataclasses.replace(cfg, bn_span=64), p.topology, True, "code"),
+      compile_cache.cache_key("resnet", dataclasses.replace(cfg, global_batch_size=8192),
+                              p.topology, True, "code"),
+      compile_cache.cache_key("resnet", dataclasses.replace(cfg, bn_span=64), p.topology, True,
+                              "code"),
       compile_cache.cache_key("resnet", cfg, "v3:8x8", True, "code"),
       compile_cache.cache_key("resnet", cfg, p.topology, False, "code"),
       compile_cache.cache_key("resnet", cfg, p.topology, True, "jax==0.11"),

@@ -10,11 +10,11 @@ import pytest
 from flax import linen as nn
 
 from benchmarks.common import weights
+from benchmarks.loop.step import _warm_start
 from benchmarks.resnet.model import ResNet
 from benchmarks.ssd import data as data_lib
 from benchmarks.ssd import shapes, suite
 from benchmarks.ssd.config import PRESETS
-from benchmarks.loop.step import _warm_start
 from mesh.errors import UserError
 
 
@@ -89,7 +89,7 @@ def test_batches_and_process_shards(coco):
 
 def test_random_crop_keeps_centers():
   rng = np.random.default_rng(0)
-  from PIL import Image  # pylint: disable=import-outside-toplevel
+  from PIL import Image
   img = Image.new("RGB", (200, 100))
   boxes = np.array([[0.1, 0.1, 0.3, 0.4], [0.5, 0.5, 0.9, 0.9], [0.05, 0.6, 0.2, 0.95]])
   sizes = set()

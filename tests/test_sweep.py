@@ -10,10 +10,10 @@ import os
 import pytest
 from PIL import Image
 
-from benchmarks.sweep import run as sweep
-from benchmarks.sweep import grid, measure
 from benchmarks.resnet.config import SPEC
 from benchmarks.resnet.suite import DIMENSIONS
+from benchmarks.sweep import grid, measure
+from benchmarks.sweep import run as sweep
 from logs import compliance
 from mesh.errors import UserError
 from tests.helpers import tiny_resnet

@@ -6,8 +6,8 @@ import dataclasses
 import pytest
 
 from benchmarks.config import Common
-from benchmarks.task import Spec
 from benchmarks.loop.timeline import check_cadence, timeline
+from benchmarks.task import Spec
 from logs.mlperf import C
 from mesh.errors import UserError
 

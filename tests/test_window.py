@@ -1,4 +1,5 @@
-"""benchmarks.loop.stops.MetricsWindow: metrics fetched every few steps, leaving the newest on the device.
+"""benchmarks.loop.stops.MetricsWindow: metrics fetched every few steps, leaving the newest on
+the device.
 
 What the loop relies on: a fetch waits only for steps older than the newest `lag` (so the device
 keeps computing while the host handles a window), a drain takes everything (a block's end, a

@@ -24,7 +24,7 @@ class Tokenizer:
   """A loaded sentencepiece model; `encode` appends EOS, `decode` stops at EOS."""
 
   def __init__(self, model_proto: bytes, path: str = ""):
-    import sentencepiece as spm  # pylint: disable=import-outside-toplevel
+    import sentencepiece as spm
     self.path = path
     try:
       self.sp = spm.SentencePieceProcessor(model_proto=model_proto)
@@ -53,7 +53,7 @@ class Tokenizer:
 
 def train_model(texts: Iterable[str], vocab_size: int, max_sentences: int = 2_000_000) -> bytes:
   """A unigram sentencepiece model proto trained on `texts` (sampled to `max_sentences`)."""
-  import sentencepiece as spm  # pylint: disable=import-outside-toplevel
+  import sentencepiece as spm
   out = io.BytesIO()
   try:
     spm.SentencePieceTrainer.train(
@@ -86,7 +86,7 @@ def _load(path: str, vocab_size: int) -> Tokenizer:
 def check(path: str, vocab_size: int) -> None:
   """Before anything is read or trained: a model at `path` loads with `vocab_size` pieces, or
   one can be written there (see `benchmarks.config.check_writable`)."""
-  from benchmarks.config import check_writable  # pylint: disable=import-outside-toplevel
+  from benchmarks.config import check_writable
   if os.path.exists(path):
     _load(path, vocab_size)
   else:

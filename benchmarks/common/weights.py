@@ -119,7 +119,7 @@ def _load_npz(path: str) -> dict[str, Any]:
 
 def _item_dir(path: str) -> str:
   """The orbax item folder (<step>/default) of the latest step under `path`."""
-  import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+  import orbax.checkpoint as ocp
   is_item = lambda p: os.path.isfile(os.path.join(p, "_METADATA"))
   if os.path.isdir(os.path.join(path, "checkpoints")):
     path = os.path.join(path, "checkpoints")
@@ -139,15 +139,15 @@ def _item_dir(path: str) -> str:
 
 def _load_orbax(path: str) -> dict[str, Any]:
   """Only params and model_state of the saved train state, as numpy arrays on the host."""
-  import jax  # pylint: disable=import-outside-toplevel
-  import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
-  from etils import epath  # pylint: disable=import-outside-toplevel
+  import jax
+  import orbax.checkpoint as ocp
+  from etils import epath
   item_dir = _item_dir(path)
   handler = ocp.PyTreeCheckpointHandler()
   try:
     try:
       tree = handler.metadata(epath.Path(item_dir)).tree
-    except Exception as e:  # pylint: disable=broad-except
+    except Exception as e:
       raise UserError(f"{item_dir}: cannot read the orbax checkpoint's metadata "
                       f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
     if not (isinstance(tree, Mapping) and isinstance(tree.get("params"), Mapping)
@@ -161,7 +161,7 @@ def _load_orbax(path: str) -> dict[str, Any]:
     try:
       out = handler.restore(epath.Path(item_dir), args=ocp.args.PyTreeRestore(
           item=item, restore_args=restore_args, partial_restore=True))
-    except Exception as e:  # pylint: disable=broad-except
+    except Exception as e:
       raise UserError(f"{item_dir}: cannot restore the orbax checkpoint "
                       f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
   finally:
@@ -190,7 +190,8 @@ def _check_npz(path: str, where: str) -> set[str]:
   except UserError:
     raise
   except (OSError, EOFError, ValueError, zipfile.BadZipFile) as e:
-    raise UserError(f"{where}: not an .npz file of arrays ({type(e).__name__}: {e}){hint}") from None
+    raise UserError(f"{where}: not an .npz file of arrays ({type(e).__name__}: {e}){hint}"
+                    ) from None
   bad = [k for k in names if k.split("/", 1)[0] not in COLLECTIONS or "/" not in k]
   if bad:
     raise UserError(f"{where}: key '{bad[0]}' is not params/... or batch_stats/...; not ResNet "

@@ -165,5 +165,5 @@ def validate(c: Config) -> None:
     raise UserError(f"--target_log_perplexity={c.target_log_perplexity}: eval nats per token, "
                     f"a positive number (lower is better)")
   if c.tokenizer:   # a bad path fails now, not after the corpus is read (or a vocabulary trained)
-    from benchmarks.common import tokenizer  # pylint: disable=import-outside-toplevel
+    from benchmarks.common import tokenizer
     tokenizer.check(c.tokenizer, c.vocab_size)

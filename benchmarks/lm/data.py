@@ -266,7 +266,7 @@ def make(cfg, process_index: int = 0, process_count: int = 1, say=lambda s: None
 def write_lm1b(data_dir, train: list[str], test: list[str]) -> None:
   """lm1b prepared under `data_dir` by tensorflow-datasets' own builder (same name, version and
   features) from these lines instead of the download."""
-  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+  import tensorflow_datasets as tfds
 
   class Lm1b(tfds.builder_cls("lm1b"), skip_registration=True):
     name = "lm1b"

@@ -56,7 +56,7 @@ class Checkpoints:
   """Orbax checkpoints of the train state in one folder, keyed by global step."""
 
   def __init__(self, directory: str):
-    import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+    import orbax.checkpoint as ocp
     self._ocp = ocp
     self.directory = os.path.abspath(directory)
     self._mngr = None
@@ -86,7 +86,7 @@ class Checkpoints:
       self.mngr.save(step, args=self._ocp.args.StandardSave(state), custom_metadata=where,
                      force=True)
       self.mngr.wait_until_finished()
-    except Exception as e:  # pylint: disable=broad-except
+    except Exception as e:
       self._remove_partial(step)
       kept = (f"the checkpoint of step {previous} is whole" if previous is not None
               else "no earlier checkpoint")
@@ -120,18 +120,18 @@ class Checkpoints:
     self._check_shapes(step, abstract_state)
     try:
       state = self.mngr.restore(step, args=self._ocp.args.StandardRestore(abstract_state))
-    except Exception as e:  # pylint: disable=broad-except
+    except Exception as e:
       raise UserError(f"--resume: cannot restore the checkpoint of step {step} in "
                       f"{self.directory} ({_first_line(e)})") from None
     return state, step, where
 
   def _check_shapes(self, step: int, abstract_state) -> None:
-    from etils import epath  # pylint: disable=import-outside-toplevel
+    from etils import epath
     item = os.path.join(self.directory, str(step), "default")
     handler = self._ocp.PyTreeCheckpointHandler()
     try:
       saved = handler.metadata(epath.Path(item)).tree
-    except Exception as e:  # pylint: disable=broad-except
+    except Exception as e:
       raise UserError(f"--resume: cannot read the checkpoint's metadata in {item} "
                       f"({_first_line(e)})") from None
     finally:

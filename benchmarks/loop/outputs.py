@@ -66,19 +66,20 @@ def resume_logs(opts: RunOptions) -> list[str]:
   prefix = f"result_{opts.run_index}.resume-"
   found = [n for n in os.listdir(opts.output_dir)
            if n.startswith(prefix) and n.endswith(".txt") and n[len(prefix):-4].isdigit()]
-  return [os.path.join(opts.output_dir, n) for n in sorted(found, key=lambda n: int(n[len(prefix):-4]))]
+  found.sort(key=lambda n: int(n[len(prefix):-4]))
+  return [os.path.join(opts.output_dir, n) for n in found]
 
 
 def log_path(opts: RunOptions) -> str:
   """Where this run logs: result_<i>.txt, or with --resume the next result_<i>.resume-<k>.txt
-  (the interrupted log is never appended to; README "Resumed runs")."""
+  (the interrupted log is never appended to; docs/preemption.md)."""
   if not opts.resume:
     return result_path(opts)
   return os.path.join(opts.output_dir,
                       f"result_{opts.run_index}.resume-{len(resume_logs(opts)) + 1}.txt")
 
 
-# How a run ended (summary.json "ending") and its exit status (mesh.errors, README).
+# How a run ended (summary.json "ending") and its exit status (mesh.errors, docs/outputs.md).
 ENDINGS = {"success": errors.EXIT_SUCCESS, "epoch_limit": errors.EXIT_EPOCH_LIMIT,
            "crashed": errors.EXIT_CRASHED, "diverged": errors.EXIT_DIVERGED,
            "preempted": errors.EXIT_PREEMPTED, "peer_lost": errors.EXIT_PEER_LOST,

@@ -53,7 +53,7 @@ class Prefetch:
           return
     except StopIteration:
       pass
-    except BaseException as e:  # pylint: disable=broad-except
+    except BaseException as e:
       self._put((None, e))
       return
     self._put((_DONE, None))

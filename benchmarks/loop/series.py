@@ -35,7 +35,7 @@ def compiled_once():
   folder of the series' own, removed after it, unless one is set (JAX_COMPILATION_CACHE_DIR).
   Compiling is part of the untimed init, before run_start (MLPerf training rules, "Run
   Results"): the times to train do not change, the wall time does."""
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
   if jax.config.jax_compilation_cache_dir:
     yield
     return
@@ -54,10 +54,10 @@ def run_series(cfg, name: str, opts, n: int) -> int:
   starts. A run that ends other than success or epoch_limit stops the series with its status;
   else 0 if every run reached the target, 1 if not. Prints a line per run and, at the end, the
   times to train and their olympic mean (logs.results: MLPerf's score)."""
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
 
-  from benchmarks.loop import outputs, train  # pylint: disable=import-outside-toplevel
-  from logs import results  # pylint: disable=import-outside-toplevel
+  from benchmarks.loop import outputs, train
+  from logs import results
   each = [dataclasses.replace(opts, run_index=opts.run_index + k) for k in range(n)]
   for o in each:
     outputs.check_output(o)

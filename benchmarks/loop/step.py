@@ -267,7 +267,7 @@ def _whole(x: jax.Array):
   if x.is_fully_addressable:
     return x
   from jax.experimental import (
-    multihost_utils,  # pylint: disable=import-outside-toplevel
+    multihost_utils,
   )
   return multihost_utils.process_allgather(x, tiled=True)
 
@@ -277,7 +277,7 @@ def _local_rows(program: Program, x: jax.Array) -> np.ndarray:
   if x.is_fully_addressable:
     return np.asarray(x)
   from jax.experimental import (
-    multihost_utils,  # pylint: disable=import-outside-toplevel
+    multihost_utils,
   )
   return np.asarray(multihost_utils.global_array_to_host_local_array(
       x, program.sharder.mesh, x.sharding.spec))
@@ -286,7 +286,7 @@ def _local_rows(program: Program, x: jax.Array) -> np.ndarray:
 def _gather_rows(x: np.ndarray) -> np.ndarray:
   """Every process's rows of a host array (processes may hold different numbers of rows)."""
   from jax.experimental import (
-    multihost_utils,  # pylint: disable=import-outside-toplevel
+    multihost_utils,
   )
   counts = multihost_utils.process_allgather(np.array([len(x)]))[:, 0]
   # As raw bytes: without 64-bit jax a float64 array would travel as float32.
@@ -326,7 +326,7 @@ def evaluate(program: Program, state, batches) -> dict[str, Any]:
   multi = per_process and jax.process_count() > 1
   if multi and totals:
     from jax.experimental import (
-      multihost_utils,  # pylint: disable=import-outside-toplevel
+      multihost_utils,
     )
     keys = sorted(totals)
     summed = multihost_utils.process_allgather(np.array([totals[k] for k in keys])).sum(0)

@@ -47,7 +47,7 @@ class Signals:
       except ValueError:       # not the main thread (an in-process test): nothing to install
         pass
 
-  def _handle(self, signum, frame):  # pylint: disable=unused-argument
+  def _handle(self, signum, frame):
     if self.received and signum == signal.SIGINT:
       raise KeyboardInterrupt
     self.received = signal.Signals(signum).name
@@ -58,8 +58,8 @@ class Signals:
     """The signal any process received (all processes agree; a collective when several)."""
     if jax.process_count() == 1:
       return self.received
-    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
-    import numpy as np  # pylint: disable=import-outside-toplevel
+    import numpy as np
+    from jax.experimental import multihost_utils
     got = multihost_utils.process_allgather(np.int32(self.received is not None))
     return (self.received or "SIGTERM (another process)") if int(np.max(got)) else None
 

@@ -2,8 +2,9 @@
 
 MLPerf times a run from run_start to run_stop; between them the loop trains a block and
 evaluates, block after block, at the benchmark's evaluation cadence (the MLPerf training rules,
-mlcommons/training_policies `training_rules.adoc`). A block is counted in epochs (`block_start` metadata `first_epoch_num`,
-`epoch_count`) or in samples (`samples_count`), as the benchmark's Spec declares. The batches a
+mlcommons/training_policies `training_rules.adoc`). A block is counted in epochs (`block_start`
+metadata `first_epoch_num`, `epoch_count`) or in samples (`samples_count`), as the benchmark's
+Spec declares. The batches a
 run trains on are a pure function of the global step, so a resumed run continues with the
 batches it would have trained on.
 """

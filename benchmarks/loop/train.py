@@ -49,7 +49,7 @@ from mesh.errors import UserError
 
 
 def _login() -> str:
-  import getpass  # pylint: disable=import-outside-toplevel
+  import getpass
   try:
     return getpass.getuser()
   except (KeyError, OSError):
@@ -246,7 +246,7 @@ def run(cfg, benchmark: str, opts: RunOptions) -> dict[str, Any]:
   if opts.overwrite and writer:
     clear_for_overwrite(opts)
   if opts.overwrite and jax.process_count() > 1:
-    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    from jax.experimental import multihost_utils
     multihost_utils.sync_global_devices("meshperf: --overwrite cleared")
   ckpt = checkpoints.Checkpoints(checkpoint_dir(opts))
   # From here on a signal stops the run after a step, with a checkpoint; during the setup it
@@ -325,7 +325,7 @@ def _train(r: Run) -> dict[str, Any]:
     out.ending = next((k for k, v in ENDINGS.items() if v == e.status), "crashed")
     out.error = str(e)
     raise
-  except Exception as e:  # pylint: disable=broad-except
+  except Exception as e:
     out.ending, out.error = "crashed", f"{type(e).__name__}: {e}"
     raise
   finally:

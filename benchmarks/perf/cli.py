@@ -31,6 +31,7 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 from benchmarks.perf import report
 
@@ -98,12 +99,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
       raise ArgError(f"--{k}={getattr(a, k)}: must be at least 1")
   if a.warmup < 1:
     raise ArgError(f"--warmup={a.warmup}: at least one step (the first call places the state)")
-  from benchmarks.resnet.model import STAGES  # pylint: disable=import-outside-toplevel
+  from benchmarks.resnet.model import STAGES
   if a.depth not in STAGES:
     raise ArgError(f"--depth={a.depth}: choose one of {', '.join(map(str, sorted(STAGES)))}")
   if a.image_size < 32:
     raise ArgError(f"--image_size={a.image_size}: ResNet needs at least 32 pixels")
-  from benchmarks.registry import BENCHMARKS  # pylint: disable=import-outside-toplevel
+  from benchmarks.registry import BENCHMARKS
   if a.benchmarks.strip() in ("all", ""):
     a.benchmarks = list(BENCHMARKS)
   elif a.benchmarks.strip() == "none":
@@ -188,9 +189,9 @@ def main(argv: list[str]) -> int:
     return 2
   plugin = accelerator_plugin()
   if plugin is None:
-    from mesh import devices  # pylint: disable=import-outside-toplevel
+    from mesh import devices
     devices.use_cpu_devices(a.num_cpu_devices)
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
   # Compile times are measured: no persistent cache may serve a program compiled before.
   jax.config.update("jax_enable_compilation_cache", False)
   devs = jax.devices()
@@ -217,7 +218,7 @@ def main(argv: list[str]) -> int:
   # The compile times first, in a fresh process: CPU seconds count every thread of this process, and
   # after the other parts their pipelines' threads still run (measured: the same compiles took
   # 6.2-19.8 CPU s at the end of a run, 4.1-13.4 s alone).
-  from benchmarks.perf import compile_time, handwritten  # pylint: disable=import-outside-toplevel
+  from benchmarks.perf import compile_time, handwritten
   compile_s = compile_time.compile_defaults(say) if a.compile_defaults else None
   resnet = {}
   for n in counts:
@@ -241,13 +242,13 @@ def main(argv: list[str]) -> int:
     for name, text in texts.items():
       with open(os.path.join(out_dir, f"{name}_{n}dev.hlo.txt"), "w", encoding="utf-8") as f:
         f.write(text)
-  report = {"env": env, "args": vars(a), "resnet": {str(n): r for n, r in resnet.items()},
+  result = {"env": env, "args": vars(a), "resnet": {str(n): r for n, r in resnet.items()},
             "parts": parts,
             "compile_defaults": compile_s,
             "reference_compile_relative": compile_time.REFERENCE_COMPILE_RELATIVE,
             "goals": rows, "met": met, "of": total, "notes": notes}
   with open(os.path.join(out_dir, "perf.json"), "w", encoding="utf-8") as f:
-    json.dump(report, f, indent=2)
+    json.dump(result, f, indent=2)
   md = report.markdown(a, env, resnet, rows, compile_s, parts)
   with open(os.path.join(out_dir, "perf.md"), "w", encoding="utf-8") as f:
     f.write(md)

@@ -24,9 +24,9 @@ def _calibration_cpu_s(devs, repeats: int = 3) -> float:
   gradient step, data-parallel over `devs`): the median of `repeats` compiles. On a shared
   2-core machine the same benchmark compile took 11.6-19.8 CPU s within a day, so compile
   times are compared in units of this."""
-  import jax  # pylint: disable=import-outside-toplevel
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  from jax.sharding import NamedSharding, PartitionSpec  # pylint: disable=import-outside-toplevel
+  import jax
+  import jax.numpy as jnp
+  from jax.sharding import NamedSharding, PartitionSpec
   mesh = jax.make_mesh((len(devs),), ("data",), devices=devs,
                        axis_types=(jax.sharding.AxisType.Auto,))
   rows = NamedSharding(mesh, PartitionSpec("data"))
@@ -57,10 +57,10 @@ def compile_defaults(say) -> dict[str, dict[str, float]]:
   compile (`_calibration_cpu_s`), which is what the comparison uses: on a shared machine the
   wall time of the same compile varied by 70% between runs and its CPU time by 70% within a
   day."""
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
 
-  from benchmarks import registry  # pylint: disable=import-outside-toplevel
-  from benchmarks.loop.build import build  # pylint: disable=import-outside-toplevel
+  from benchmarks import registry
+  from benchmarks.loop.build import build
   out = {}
   devs = jax.devices()
   # The calibration compile brackets every benchmark's (before and after): a benchmark is

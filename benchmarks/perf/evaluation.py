@@ -75,8 +75,8 @@ def _timed_fn(fn: Callable, acc: dict, key: str) -> Callable:
 def setup(name: str, cfg=None, devs=None, preset: str = "cpu"):
   """(cfg, `benchmarks.loop.build.Built`) of a benchmark (default: its `preset`, the CPU
   default) as the training loop builds it (one process), over `devs` (default: all devices)."""
-  from benchmarks import registry  # pylint: disable=import-outside-toplevel
-  from benchmarks.loop.build import build  # pylint: disable=import-outside-toplevel
+  from benchmarks import registry
+  from benchmarks.loop.build import build
   entry = registry.BENCHMARKS[name]
   cfg = cfg or entry.config().PRESETS[preset]
   return cfg, build(cfg, entry, devs=devs)
@@ -86,9 +86,9 @@ def train_a_few(program, task, state, steps: int):
   """`steps` training steps on the first training batches (a less random model). Each step is
   waited for, as the loop waits every few: thousands of steps of 8 CPU devices in flight with
   their collectives can deadlock XLA's CPU rendezvous."""
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
 
-  from benchmarks.loop.step import global_batch  # pylint: disable=import-outside-toplevel
+  from benchmarks.loop.step import global_batch
   done = 0
   epoch = 0
   while done < steps:
@@ -105,7 +105,7 @@ def train_a_few(program, task, state, steps: int):
 def evaluate_once(program, task, state) -> dict[str, Any]:
   """One evaluation exactly as `benchmarks.loop.train.evaluate` runs it, timed in parts (seconds):
   total, data, host (host_stats + quality), device (the rest); and the quality."""
-  from benchmarks.loop.step import evaluate  # pylint: disable=import-outside-toplevel
+  from benchmarks.loop.step import evaluate
   acc = {"data": 0.0, "host": 0.0}
   timed = program
   if program.host_stats is not None:
@@ -125,7 +125,7 @@ def preset_name(preset: str) -> str:
 
 def measure_one(name: str, say, train_steps: int = 0, cfg=None, preset: str = "cpu"
                 ) -> dict[str, Any]:
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
   say(f"  {name}: setting up the {preset_name(preset)} (data, model, compiled steps)")
   t = time.perf_counter()
   cfg, built = setup(name, cfg, preset=preset)
@@ -153,9 +153,9 @@ def measure(say, names=NAMES, train_steps: int = 0, preset: str = "cpu") -> dict
   one): {"benchmarks": {name: {...}}, "load": load average before and after, "devices": ...}.
   Needs jax started with the CPU default's devices (8 simulated CPU devices:
   `mesh.devices.use_cpu_devices(8)` before jax starts)."""
-  import os  # pylint: disable=import-outside-toplevel
+  import os
 
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
   load0 = os.getloadavg()
   out = {name: measure_one(name, say, train_steps, preset=preset) for name in names}
   return {"benchmarks": out, "devices": len(jax.devices()), "platform": jax.devices()[0].platform,
@@ -184,11 +184,13 @@ def rows(result: dict[str, Any]) -> list[dict[str, Any]]:
 
 def markdown(result: dict[str, Any]) -> list[str]:
   """A table of the parts of each evaluation, then the `eval_seconds` row."""
+  trained = (f"{result['train_steps']} training steps" if result.get("train_steps")
+             else "untrained state")
   lines = [f"Evaluation of each {preset_name(result.get('preset', 'cpu'))} "
            f"({result.get('devices')} "
            f"{result.get('platform')} device(s), load average "
            f"{' / '.join(str(x) for x in result.get('load_average', []))} before / after; "
-           f"{'untrained state' if not result.get('train_steps') else str(result['train_steps']) + ' training steps'}"
+           f"{trained}"
            f"): seconds per evaluation, the second of two.", "",
            "| benchmark | examples (steps) | s per eval | device s | host s | data s | CPU s | "
            "first eval s |", "|---|---|---|---|---|---|---|---|"]
@@ -206,9 +208,9 @@ def markdown(result: dict[str, Any]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
   """python -m benchmarks.perf.evaluation [name ...]: measures and prints the table."""
-  import sys  # pylint: disable=import-outside-toplevel
+  import sys
 
-  from mesh import devices  # pylint: disable=import-outside-toplevel
+  from mesh import devices
   args = sys.argv[1:] if argv is None else argv
   train_steps = 0
   names = []

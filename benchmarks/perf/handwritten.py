@@ -37,7 +37,7 @@ class Prepared:
 
 
 def _synthetic(a) -> tuple[Any, Any]:
-  import numpy as np  # pylint: disable=import-outside-toplevel
+  import numpy as np
   rng = np.random.default_rng(a.seed)
   images = rng.standard_normal((a.batch, a.image_size, a.image_size, 3), np.float32)
   labels = rng.integers(0, a.num_classes, a.batch).astype(np.int32)
@@ -47,7 +47,7 @@ def _synthetic(a) -> tuple[Any, Any]:
 def resnet_config(a, n: int):
   """meshperf's ResNet config for this measurement: synthetic data, SGD with momentum,
   data-parallel over n devices, no optimizations."""
-  from benchmarks.resnet.config import Config  # pylint: disable=import-outside-toplevel
+  from benchmarks.resnet.config import Config
   return Config(num_cpu_devices=0, mesh=f"data:{n}", layout="batch:data", optimizations="none",
                 dataset="synthetic", synthetic_examples=a.batch * 100, image_size=a.image_size,
                 num_classes=a.num_classes, model_depth=a.depth, model_width=a.width,
@@ -59,7 +59,7 @@ def resnet_config(a, n: int):
 def baseline_lr(cfg):
   """The baseline's own schedule with the numbers of meshperf's (`resnet_config`: one epoch of
   `synthetic_examples`)."""
-  from benchmarks.perf.baseline import lr_schedule  # pylint: disable=import-outside-toplevel
+  from benchmarks.perf.baseline import lr_schedule
   steps = cfg.synthetic_examples // cfg.global_batch_size
   return lr_schedule(cfg.base_learning_rate, cfg.end_learning_rate,
                      int(round(cfg.warmup_epochs * steps)), int(round(cfg.schedule_epochs * steps)),
@@ -68,10 +68,10 @@ def baseline_lr(cfg):
 
 def prepare_meshperf(a, devs) -> Prepared:
   """meshperf's step as a run builds it (`benchmarks.loop.build`), on the synthetic batch."""
-  from benchmarks.loop import step as step_lib  # pylint: disable=import-outside-toplevel
-  from benchmarks.loop.build import build  # pylint: disable=import-outside-toplevel
-  from benchmarks.perf.baseline import param_count  # pylint: disable=import-outside-toplevel
-  from benchmarks.registry import BENCHMARKS  # pylint: disable=import-outside-toplevel
+  from benchmarks.loop import step as step_lib
+  from benchmarks.loop.build import build
+  from benchmarks.perf.baseline import param_count
+  from benchmarks.registry import BENCHMARKS
   cfg = resnet_config(a, len(devs))
   built = build(cfg, BENCHMARKS["resnet"], devs=devs, with_eval=False, init=False)
   program, state = built.program, built.init()
@@ -83,9 +83,9 @@ def prepare_meshperf(a, devs) -> Prepared:
 
 
 def prepare_baseline(a, devs, lr) -> Prepared:
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
 
-  from benchmarks.perf.baseline import (  # pylint: disable=import-outside-toplevel
+  from benchmarks.perf.baseline import (
     Baseline,
     param_count,
   )
@@ -105,7 +105,7 @@ def _run(p: Prepared, steps: int) -> tuple[float, float]:
   """(wall, CPU) seconds per step over `steps` steps (the state carried, the last result
   waited for). CPU time is this process's, all threads: on a CPU host it is the work the step
   did, which other processes' load changes far less than the wall time."""
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
   t0, c0 = time.perf_counter(), time.process_time()
   state, metrics = p.state, None
   for _ in range(steps):

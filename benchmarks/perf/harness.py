@@ -23,8 +23,9 @@ a rotating order (so slow drift in the machine's load falls on all alike):
   1 device the same benchmark compiled over one device, bare, same global batch.
 
 `loop_overhead` is harness / bare (with loop / bare, fed / bare, loop / fed and again / bare
-beside it); `device_scaling` is bare / 1 device. Each round times `steps` steps of each (more where the bare
-step takes under 1 s for them, so a round of a fast benchmark is not all noise, and at least one
+beside it); `device_scaling` is bare / 1 device. Each round times `steps` steps of each (more
+where the bare step takes under 1 s for them, so a round of a fast benchmark is not all noise,
+and at least one
 more than the loop's metrics window, so each block fetches metrics mid-block as a run's epochs
 do); the report gives per-round ratio medians and quartiles, and where the harness's host time
 goes: the main thread's CPU per step, the prefetch thread's CPU per batch, the process's CPU
@@ -59,13 +60,13 @@ HARNESS_GOAL = 1.02
 
 def _default(option: str):
   """A run's default of a `benchmarks.loop.outputs.RunOptions` field."""
-  from benchmarks.loop.outputs import RunOptions  # pylint: disable=import-outside-toplevel
+  from benchmarks.loop.outputs import RunOptions
   return RunOptions.__dataclass_fields__[option].default
 
 
 def _window():
   """The loop's metrics window at a run's default --nan_check_every."""
-  from benchmarks.loop.stops import MetricsWindow  # pylint: disable=import-outside-toplevel
+  from benchmarks.loop.stops import MetricsWindow
   return MetricsWindow(_default("nan_check_every"))
 
 
@@ -73,15 +74,15 @@ class _Runner:
   """One benchmark's ways of running steps (`WAYS`), sharing the all-device state."""
 
   def __init__(self, name: str, devs, steps: int, log_dir: str, say, preset: str = "cpu"):
-    import jax  # pylint: disable=import-outside-toplevel
+    import jax
 
-    from benchmarks.loop import prefetch, timeline  # pylint: disable=import-outside-toplevel
-    from benchmarks.loop.step import global_batch  # pylint: disable=import-outside-toplevel
-    from logs import observe  # pylint: disable=import-outside-toplevel
-    from logs.mlperf import MLPerfLog  # pylint: disable=import-outside-toplevel
+    from benchmarks.loop import prefetch, timeline
+    from benchmarks.loop.step import global_batch
+    from logs import observe
+    from logs.mlperf import MLPerfLog
     self.jax, self.steps = jax, steps
     t0 = time.perf_counter()
-    from benchmarks.registry import BENCHMARKS  # pylint: disable=import-outside-toplevel
+    from benchmarks.registry import BENCHMARKS
     self.entry = BENCHMARKS[name]
     self.cfg, built = setup(name, devs=devs, preset=preset)
     self.task, self.program, self.state = built.task, built.program, built.state
@@ -122,8 +123,8 @@ class _Runner:
 
   def _block(self, batches) -> None:
     """One block of the loop's own `train_block`, as a run trains it (progress lines muted)."""
-    from benchmarks.loop import train  # pylint: disable=import-outside-toplevel
-    from benchmarks.loop.timeline import Block  # pylint: disable=import-outside-toplevel
+    from benchmarks.loop import train
+    from benchmarks.loop.timeline import Block
     block = Block(self.step_no, self.steps, {}, {}, {}, "perf")
     progress = train.Progress(10**9, self.data.steps_per_epoch, self.cfg.global_batch_size,
                               _default("progress_every_s"), False)
@@ -195,7 +196,7 @@ class _Watched:
   work). A loop that never makes the device wait counts none after its first step."""
 
   def __init__(self, program):
-    import jax  # pylint: disable=import-outside-toplevel
+    import jax
     self.program, self.leaves = program, jax.tree.leaves
     self.last, self.idle, self.calls = None, 0, 0
 
@@ -239,7 +240,7 @@ def _thread_cpu() -> dict[int, tuple[bool, float]] | None:
   clock ticks); None where there is no /proc. The Python threads are the host's work (the loop,
   the prefetch thread, the pipeline's thread pools); the others are XLA's (the devices'
   computation on this backend, compile workers) and the allocator's."""
-  import threading  # pylint: disable=import-outside-toplevel
+  import threading
   try:
     tids = os.listdir("/proc/self/task")
   except OSError:
@@ -282,7 +283,7 @@ def _split(before, after) -> tuple[float, float]:
 
 def measure_one(name: str, devs, rounds: int, steps: int, warmup: int, log_dir: str,
                 say, min_round_s: float = 1.0, preset: str = "cpu") -> dict[str, Any]:
-  from benchmarks.loop import stops  # pylint: disable=import-outside-toplevel
+  from benchmarks.loop import stops
   r = _Runner(name, devs, steps, log_dir, say, preset)
   r.signals = stops.Signals()
   try:
@@ -366,7 +367,7 @@ def measure(say, names=("resnet", "transformer", "ssd", "lm"), rounds: int = 12,
             steps: int = 5, warmup: int = 1, preset: str = "cpu") -> dict[str, Any]:
   """`loop_overhead` and `device_scaling` for each benchmark's CPU default (or another
   `preset`: `--quick`'s tiny one) over all devices."""
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
   devs = jax.devices()
   out = {}
   with tempfile.TemporaryDirectory(prefix="meshperf-perf-logs-") as log_dir:

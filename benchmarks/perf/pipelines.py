@@ -81,7 +81,7 @@ class Settings:
 def _cpu_now() -> float:
   """CPU seconds so far of this process (all threads), its live descendants (worker processes)
   and its reaped children."""
-  import psutil  # pylint: disable=import-outside-toplevel
+  import psutil
   total = time.process_time()
   for p in psutil.Process().children(recursive=True):
     try:
@@ -129,9 +129,9 @@ def time_pipeline(make: Callable[[], Any], warmup: int, batches: int | None
 
 def _quiet_tfds() -> None:
   """tensorflow-datasets' progress bars off (they would fill the report)."""
-  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+  import tensorflow_datasets as tfds
   tfds.disable_progress_bar()
-  import absl.logging  # pylint: disable=import-outside-toplevel
+  import absl.logging
   absl.logging.set_verbosity(absl.logging.WARNING)
 
 
@@ -139,18 +139,18 @@ def _write(name: str, root: str, n: int, s: Settings) -> str:
   """Writes benchmark `name`'s dataset of n training examples under root; returns data_dir."""
   folder = os.path.join(root, name)
   if name == "resnet":
-    from benchmarks.resnet import data  # pylint: disable=import-outside-toplevel
+    from benchmarks.resnet import data
     return data.write_imagenet(folder, n, 4, sizes=s.imagenet_sides, photo=True)
   if name == "ssd":
-    from benchmarks.ssd import shapes  # pylint: disable=import-outside-toplevel
+    from benchmarks.ssd import shapes
     return shapes.ensure(folder, n, 2, size=s.coco_size)
-  from benchmarks.common import grammar  # pylint: disable=import-outside-toplevel
+  from benchmarks.common import grammar
   if name == "transformer":
-    from benchmarks.transformer import data  # pylint: disable=import-outside-toplevel
+    from benchmarks.transformer import data
     en, de = grammar.corpus(s.pairs + 50, 11)
     data.write_wmt14(folder, (en[:s.pairs], de[:s.pairs]), (en[s.pairs:], de[s.pairs:]))
     return folder
-  from benchmarks.lm import data  # pylint: disable=import-outside-toplevel
+  from benchmarks.lm import data
   lines = data.grammar_lines(s.pairs + 50, 11, True)
   data.write_lm1b(folder, lines[:s.pairs], lines[s.pairs:])
   return folder
@@ -158,7 +158,7 @@ def _write(name: str, root: str, n: int, s: Settings) -> str:
 
 def _config(name: str, data_dir: str, s: Settings, **over):
   """The CPU default's config reading the written dataset (and `over`)."""
-  from benchmarks import registry  # pylint: disable=import-outside-toplevel
+  from benchmarks import registry
   cfg = registry.BENCHMARKS[name].config().PRESETS["cpu"]
   dataset = {"resnet": "imagenet", "ssd": "coco", "transformer": "wmt14", "lm": "lm1b"}[name]
   kw = dict(dataset=dataset, data_dir=data_dir)
@@ -173,15 +173,15 @@ def _config(name: str, data_dir: str, s: Settings, **over):
 def _make(name: str, cfg):
   """The benchmark's Data for cfg, made by its data module's `make` (as its suite makes it)."""
   if name == "resnet":
-    from benchmarks.resnet import data  # pylint: disable=import-outside-toplevel
+    from benchmarks.resnet import data
     return data.make(cfg)
   if name == "ssd":
-    from benchmarks.ssd import data, suite  # pylint: disable=import-outside-toplevel
+    from benchmarks.ssd import data, suite
     return data.make(cfg, suite.anchors(cfg))[0]
   if name == "transformer":
-    from benchmarks.transformer import data  # pylint: disable=import-outside-toplevel
+    from benchmarks.transformer import data
     return data.make(cfg)[0]
-  from benchmarks.lm import data  # pylint: disable=import-outside-toplevel
+  from benchmarks.lm import data
   return data.make(cfg)[0]
 
 
@@ -195,7 +195,7 @@ def _variants(name: str, cfg, s: Settings) -> list[tuple[str, bool, Any]]:
   if name == "ssd":
     out = [(f"{cfg.image_size} px", True, cfg)]
     if s.real_sizes and cfg.image_size != 300:
-      from benchmarks.ssd.config import PRESETS  # pylint: disable=import-outside-toplevel
+      from benchmarks.ssd.config import PRESETS
       pod = PRESETS["tpu-v3-2048"]
       real = dataclasses.replace(cfg, **{f: getattr(pod, f) for f in (
           "image_size", "extra_blocks", "anchor_steps", "anchor_scales", "aspect_ratios")})
@@ -209,11 +209,11 @@ def _variants(name: str, cfg, s: Settings) -> list[tuple[str, bool, Any]]:
 def time_step(name: str, cfg, steps: int, say) -> dict[str, float]:
   """The compiled train step of `cfg` (built as a run builds it, on all devices), one warmup
   step, then `steps` timed: ms per step and examples/s."""
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
 
-  from benchmarks import registry  # pylint: disable=import-outside-toplevel
-  from benchmarks.loop import step as step_lib  # pylint: disable=import-outside-toplevel
-  from benchmarks.loop.build import build  # pylint: disable=import-outside-toplevel
+  from benchmarks import registry
+  from benchmarks.loop import step as step_lib
+  from benchmarks.loop.build import build
   devs = jax.devices()
   start = []        # the CPU clock as the compilation starts
   built = build(cfg, registry.BENCHMARKS[name], devs=devs, with_eval=False, init=False,
@@ -365,7 +365,7 @@ def markdown(result: dict) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-  import argparse  # pylint: disable=import-outside-toplevel
+  import argparse
   p = argparse.ArgumentParser(prog="python -m benchmarks.perf.pipelines",
                               description=__doc__.split("\n\n")[0])
   p.add_argument("--workers", default="0,1,2", help="worker process counts, e.g. 0,1,2")
@@ -388,7 +388,7 @@ def main(argv: list[str]) -> int:
   if problem:
     print(f"error: {problem}", file=sys.stderr)
     return 2
-  from mesh import devices  # pylint: disable=import-outside-toplevel
+  from mesh import devices
   devices.use_cpu_devices(a.num_cpu_devices)
   s = (Settings.tiny(batches=a.batches, steps=a.steps) if a.tiny
        else Settings(batches=a.batches, steps=a.steps))

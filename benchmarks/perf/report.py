@@ -60,8 +60,9 @@ def goals(a, resnet: dict[int, dict], compile_s: dict | None, previous: dict | N
                    + ("" if r["flops_match"] else f" (over the {FLOPS_TOLERANCE:.0%} of same "
                                                   f"FLOPs)"))})
   if not resnet:
-    rows.append({"comparison": "vs_handwritten", "what": "ResNet step / hand-written", "value": "not measured "
-                 "(--devices=none)", "goal": "<= 1.00", "met": False, "detail": ""})
+    rows.append({"comparison": "vs_handwritten", "what": "ResNet step / hand-written",
+                 "value": "not measured (--devices=none)", "goal": "<= 1.00", "met": False,
+                 "detail": ""})
   parts = parts or {}
   for part, names in PARTS:
     if part in parts:

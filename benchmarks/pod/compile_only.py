@@ -89,7 +89,7 @@ def compile_facts(benchmark: str, cfg, topology_name: str | None, *, with_eval: 
                   eval_device=devs[0], init=False, before_compile=compiling)
     train = cost.facts(built.program.train)
     evals = cost.facts(built.program.eval) if with_eval else None
-  except Exception as e:  # pylint: disable=broad-except
+  except Exception as e:
     if "RESOURCE_EXHAUSTED" not in str(e) or not seen:
       raise
     # The TPU compiler itself refuses a program that cannot fit in HBM.
@@ -179,7 +179,7 @@ def _step(cost: dict[str, Any], device, topo, coords, overlap: str = "none") -> 
   out["fits"] = None if device is None or total is None else total <= device["hbm_bytes"]
   out["model"] = None
   if topo is not None:
-    from mesh import steptime  # pylint: disable=import-outside-toplevel
+    from mesh import steptime
     gen = hardware.GENERATIONS[topo.generation]
     out["model"] = steptime.model(cost, gen, topo.megacore, coords, topo.chips,
                                   hardware.wraparound(gen, topo.chips), overlap)

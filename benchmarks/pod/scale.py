@@ -160,10 +160,10 @@ def run(points: list[Point], output_dir: str, plot_path: str | None, cache_dir: 
 
 
 def _compile_only_analyze(topology_name: str):
-  from mesh import topology  # pylint: disable=import-outside-toplevel
+  from mesh import topology
   # Before jax starts: the host backend stays on CPU; naming a v3 slice keeps libtpu quiet.
   topology.prepare_host(topology.parse(topology_name))
-  from benchmarks.pod import compile_only  # pylint: disable=import-outside-toplevel
+  from benchmarks.pod import compile_only
   return compile_only.analyze
 
 
@@ -200,10 +200,10 @@ def table(rows: list[dict]) -> str:
 
 def plot(rows: dict[str, list[dict]], path: str) -> None:
   """Log-log minutes against chips, published and predicted, one panel per benchmark."""
-  import matplotlib  # pylint: disable=import-outside-toplevel
+  import matplotlib
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-  from matplotlib.ticker import FuncFormatter  # pylint: disable=import-outside-toplevel
+  import matplotlib.pyplot as plt
+  from matplotlib.ticker import FuncFormatter
   fig, axes = plt.subplots(1, len(rows), figsize=(5.2 * len(rows), 4.2), squeeze=False)
   for ax, (name, bm_rows) in zip(axes[0], rows.items()):
     chips = [r["point"]["chips"] for r in bm_rows]
@@ -237,7 +237,7 @@ def plot(rows: dict[str, list[dict]], path: str) -> None:
 # --- command line -------------------------------------------------------------------------------
 
 def _parse_error(e: flags.Error) -> UserError:
-  from benchmarks.main import bad_value  # pylint: disable=import-outside-toplevel
+  from benchmarks.main import bad_value
   hint = f"`./run.sh scale --help` lists its flags ({', '.join('--' + n for n in FLAGS)})"
   return UserError(bad_value(e, FLAGS) or f"{str(e).splitlines()[0]}; {hint}")
 
@@ -273,5 +273,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-  from benchmarks.main import run_main  # pylint: disable=import-outside-toplevel
+  from benchmarks.main import run_main
   run_main(main)

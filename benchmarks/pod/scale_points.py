@@ -5,9 +5,9 @@ and needed, read from Google's own folders in mlcommons/training_results_v0.6 (f
 2026-11-30; `source` lists the files):
 
 - `Google/results/tpu-v3-<cores>/<bm>/result_*.txt`: the MLPerf logs. Minutes are the olympic
-  mean of run_start -> run_stop (an aborted run counts as slowest); all 18 agree with
-  /work/shared/REFERENCE.md to 0.01 min. The epochs a run converged in are those of the
-  evaluation that reached the target (the last before `run_stop`), averaged over the
+  mean of run_start -> run_stop (an aborted run counts as slowest); all 18 agree with the
+  published MLPerf Training v0.6 results to 0.01 min. The epochs a run converged in are those
+  of the evaluation that reached the target (the last before `run_stop`), averaged over the
   successful logs.
 - `Google/benchmarks/<bm>/tpu-v3-<cores>/run_and_time.sh`: the command line (batch, cores,
   steps per loop, distributed batch-norm group, spatial partitioning).
@@ -42,7 +42,7 @@ class Point:
   chips: int
   topology: str                     # libtpu topology name of the slice
   system: str                       # Google's submission_platform (counts cores)
-  published_minutes: float          # olympic mean, MLPerf v0.6 (REFERENCE.md)
+  published_minutes: float          # olympic mean, MLPerf v0.6 (the published results)
   global_batch_size: int            # as logged (Transformer: packed rows of 256 tokens)
   converged_epochs: float           # mean logged epoch_num of the evaluation that hit the target
   epochs_per_log: tuple[float, ...]  # that epoch in each successful log (Google's epoch units)

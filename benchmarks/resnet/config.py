@@ -58,7 +58,8 @@ PRESETS = {
         model_width=8, bn_span=4, global_batch_size=32, eval_batch_size=64, max_epochs=1,
         optimizer="lars", base_learning_rate=1.0, warmup_epochs=0.2, schedule_epochs=1.0,
         target_accuracy=0.98),
-    # MLPerf v0.6 on a full TPU-v3 pod (1024 chips, 2048 cores): REFERENCE.md. The replicas
+    # MLPerf v0.6 on a full TPU-v3 pod (1024 chips, 2048 cores), as Google ran it (Kumar et al.,
+    # arXiv 1909.09756; mlcommons/training_results_v0.6, Google/benchmarks/resnet). The replicas
     # span a 64 x 32 mesh so gradients are summed in two phases.
     "tpu-v3-2048": Config(
         num_cpu_devices=0, mesh="x:64,y:32", layout="batch:x+y", dataset="imagenet",
@@ -87,7 +88,7 @@ ABLATIONS = (
 
 
 def validate(c: Config) -> None:
-  from benchmarks.resnet.model import STAGES  # pylint: disable=import-outside-toplevel
+  from benchmarks.resnet.model import STAGES
   if c.dataset not in DATASETS:
     raise UserError(f"--dataset={c.dataset}: choose one of {', '.join(DATASETS)}")
   if c.optimizer not in OPTIMIZERS:

@@ -48,11 +48,11 @@ _BN = {"weight": ("params", "scale"), "bias": ("params", "bias"),
 @functools.lru_cache(maxsize=None)
 def expected_shapes(depth: int, num_classes: int) -> dict[tuple[str, ...], tuple[int, ...]]:
   """{(collection, module..., name): shape} of ResNet(depth, 64, num_classes)'s variables."""
-  import jax  # pylint: disable=import-outside-toplevel
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  from flax import linen as nn  # pylint: disable=import-outside-toplevel
+  import jax
+  import jax.numpy as jnp
+  from flax import linen as nn
 
-  from benchmarks.resnet.model import ResNet  # pylint: disable=import-outside-toplevel
+  from benchmarks.resnet.model import ResNet
   model = ResNet(depth, 64, num_classes)
   shapes = jax.eval_shape(lambda r: nn.meta.unbox(
       model.init(r, jnp.zeros((1, 32, 32, 3), jnp.float32), train=False)), jax.random.PRNGKey(0))
@@ -163,7 +163,7 @@ def _why(e: Exception) -> str:
 
 def _torch_state_dict(path: str) -> dict[str, np.ndarray]:
   try:
-    import torch  # pylint: disable=import-outside-toplevel
+    import torch
   except ImportError:
     print("pip install torch to convert; the converted .npz needs no torch", file=sys.stderr)
     sys.exit(2)
@@ -171,7 +171,7 @@ def _torch_state_dict(path: str) -> dict[str, np.ndarray]:
     # Tensors and plain containers only: unpickling anything else can run code of the file's
     # choosing (a __reduce__ that calls os.system), so a file that needs it is refused.
     loaded = torch.load(path, map_location="cpu", weights_only=True)
-  except Exception as e:  # pylint: disable=broad-except
+  except Exception as e:
     if isinstance(e, pickle.UnpicklingError) and "Weights only load failed" in str(e):
       raise UserError(f"{path}: refused: it holds more than weights ({_why(e)}), and unpickling "
                       f"it could run code from the file; save the weights with "

@@ -14,9 +14,9 @@ import numpy as np
 from PIL import Image
 
 from benchmarks.data import (
-  described,
   Data,
   array_batches,
+  described,
   num_steps,
   open_tfds,
   padded,
@@ -58,7 +58,7 @@ def describe(cfg, process_count: int = 1) -> Data | None:
 def load_digits(image_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
   """(train_x, train_y, eval_x, eval_y): a fixed 80/20 split, images upsampled to image_size."""
   from sklearn.datasets import (
-    load_digits as sk_digits,  # pylint: disable=import-outside-toplevel
+    load_digits as sk_digits,
   )
   d = sk_digits()
   images = (d.images / 16.0 * 255).astype(np.uint8)
@@ -204,13 +204,13 @@ def center_crop(image: np.ndarray | bytes, size: int, crop_fraction: float = 0.8
 def _absl_flags_parsed() -> None:
   """Grain's multiprocessing reads its absl flags, which only `./run.sh <benchmark>` parses:
   elsewhere (`./run.sh perf`, tests, a notebook) they keep their defaults."""
-  from absl import flags  # pylint: disable=import-outside-toplevel
+  from absl import flags
   if not flags.FLAGS.is_parsed():
     flags.FLAGS.mark_as_parsed()
 
 
 def _imagenet(cfg, local_batch, local_eval, pi, pc) -> Data:
-  import grain  # pylint: disable=import-outside-toplevel
+  import grain
   prepare = ("`tfds build imagenet2012 --manual_dir=... --file_format=array_record` (needs "
              "TensorFlow once), or use --dataset=digits or --dataset=synthetic")
   # JPEG bytes: inception_crop / center_crop decode each at the scale its crop needs.
@@ -285,7 +285,7 @@ def write_imagenet(root: str, num_train: int, num_eval: int, sizes: tuple[int, i
   """Writes `imagenet2012` under `root` as tensorflow-datasets prepares it (ArrayRecord), with
   the real builder's features and writer, from `random_jpeg`s whose sides are drawn from
   [sizes[0], sizes[1]) instead of the download; labels (7 * i) % 1000. Returns root."""
-  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+  import tensorflow_datasets as tfds
   rng = np.random.default_rng(seed)
 
   class SmallImagenet(tfds.builder_cls("imagenet2012"), skip_registration=True):

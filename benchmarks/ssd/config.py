@@ -72,7 +72,8 @@ PRESETS = {
         anchor_scales=(13, 30, 60, 120), aspect_ratios=((2,), (2, 3), (2,)), nms_candidates=16,
         max_detections=16, base_learning_rate=0.05, warmup_steps=1, decay_epochs=(40, 50),
         max_epochs=1, target_map=0.5),
-    # MLPerf v0.6 on a full TPU-v3 pod (REFERENCE.md): 1024 chips, batch 2048, 4-way spatial
+    # MLPerf v0.6 on a full TPU-v3 pod (Kumar et al., arXiv 1909.09756; mlcommons/
+    # training_results_v0.6, Google/benchmarks/ssd): 1024 chips, batch 2048, 4-way spatial
     # partitioning of each replica's images, distributed batch norm over 64 images.
     "tpu-v3-2048": Config(
         num_cpu_devices=0, mesh="data:512,spatial:4", layout="batch:data", dataset="coco",
@@ -144,7 +145,7 @@ def validate(c: Config) -> None:
 
 def _check_feature_maps(c: Config) -> None:
   """The image must stay at least one pixel through the backbone and every extra block."""
-  from benchmarks.ssd.model import feature_sizes  # pylint: disable=import-outside-toplevel
+  from benchmarks.ssd.model import feature_sizes
   if c.image_size < 1:
     raise UserError(f"--image_size={c.image_size}: must be positive (MLPerf: 300)")
   try:
@@ -156,8 +157,8 @@ def _check_feature_maps(c: Config) -> None:
 def _check_backbone_checkpoint(c: Config) -> None:
   """Cheap checks of --backbone_checkpoint (names and the stem's shape, no weights loaded), so a
   wrong file is refused before any data is read or model built."""
-  from benchmarks.common import weights  # pylint: disable=import-outside-toplevel
-  from benchmarks.common.convnet import STAGES  # pylint: disable=import-outside-toplevel
+  from benchmarks.common import weights
+  from benchmarks.common.convnet import STAGES
   names = weights.check(c.backbone_checkpoint, f"--backbone_checkpoint={c.backbone_checkpoint}")
   blocks = sum(STAGES[c.backbone_depth][0][:3])
   wanted = {"stem", "BatchNorm_0"} | {f"Block_{i}" for i in range(blocks)}

@@ -232,7 +232,7 @@ _WORKER: Pipeline | None = None     # a worker process's pipeline
 
 
 def _start_worker(*args) -> None:
-  global _WORKER  # pylint: disable=global-statement
+  global _WORKER
   _WORKER = Pipeline(*args)
 
 

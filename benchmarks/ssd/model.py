@@ -82,9 +82,10 @@ class SSD(nn.Module):
       raise ValueError(f"{len(maps)} feature maps but {len(self.boxes_per_cell)} anchor groups")
     locs, confs = [], []
     for m, nd in zip(maps, self.boxes_per_cell):
+      kernel_init = named_init(nn.initializers.xavier_uniform(),
+                               (None, None, "in_channels", None))
       head = lambda n: nn.Conv(n, (3, 3), padding=((1, 1), (1, 1)), dtype=self.dtype,
-                               param_dtype=f, kernel_init=named_init(nn.initializers.xavier_uniform(),
-                                                                 (None, None, "in_channels", None)),
+                               param_dtype=f, kernel_init=kernel_init,
                                bias_init=named_init(nn.initializers.zeros, (None,)))
       b = m.shape[0]
       locs.append(head(nd * 4)(m).astype(f).reshape(b, -1, 4))

@@ -61,7 +61,7 @@ def variants(ablations) -> list[Variant]:
 
 def pod_variants(cfg) -> list[Variant]:
   """The preset's optimizations, then the preset's without each one in turn."""
-  import optimizations  # pylint: disable=import-outside-toplevel
+  import optimizations
   names = [o for o in cfg.optimizations.split(",") if o and o != "none"]
   sets = [("preset: " + (cfg.optimizations or "none"), cfg.optimizations)]
   for o in names:

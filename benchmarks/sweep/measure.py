@@ -205,7 +205,7 @@ def pod_row(benchmark: str, cfg, v, topology_name: str, cache_dir: str | None,
             say=print) -> dict[str, Any]:
   """One variant compiled for the slice: memory, collectives, the modelled step times
   (`mesh.steptime`) and the minutes they predict."""
-  from benchmarks.pod import compile_only  # pylint: disable=import-outside-toplevel
+  from benchmarks.pod import compile_only
   c = configure(cfg, v)
   try:
     s = compile_only.analyze(benchmark, c, topology_name, cache_dir=cache_dir, say=say)

@@ -59,7 +59,7 @@ def _finish(fig, ax, labels, path: str) -> str:
   ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  import matplotlib.pyplot as plt
   plt.close(fig)
   return path
 
@@ -90,9 +90,9 @@ def _ratio_to_base(vs, key, out_key) -> None:
 
 def plot_all(rows: list[dict], output_dir: str, title: str) -> list[str]:
   """Writes the plots the rows have figures for into `output_dir`; returns their paths."""
-  import matplotlib  # pylint: disable=import-outside-toplevel
+  import matplotlib
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  import matplotlib.pyplot as plt
   vs = per_variant(rows)
   path = lambda name: os.path.join(output_dir, name)  # noqa: E731
   written = []

@@ -95,9 +95,9 @@ def _settings(benchmark: str, cfg, sweep: Sweep, variants) -> dict:
 
 
 def _devices(sweep: Sweep):
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
   if sweep.topology:
-    from mesh import topology  # pylint: disable=import-outside-toplevel
+    from mesh import topology
     return topology.devices(topology.parse(sweep.topology))
   return jax.devices()
 
@@ -195,9 +195,9 @@ def _about(sweep: Sweep, cfg) -> str:
 
 def report(rows, benchmark: str, sweep: Sweep, output_dir: str, command: str, cfg) -> None:
   """sweep.csv, sweep.md and the plots."""
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
   tables.write_csv(rows, os.path.join(output_dir, CSV))
-  plots = plots.plot_all(rows, output_dir, f"{benchmark} sweep")
+  pngs = plots.plot_all(rows, output_dir, f"{benchmark} sweep")
   resumed = any(r["resumed"] for r in rows if r["status"] == "done")
   lines = [f"# Sweep: {benchmark}", "", f"`{command}`" if command else "", "",
            f"{_about(sweep, cfg)}. "
@@ -215,6 +215,6 @@ def report(rows, benchmark: str, sweep: Sweep, output_dir: str, command: str, cf
                                    if sweep.depth == "throughput" else
                                    "its figures come from that process."), ""]
   lines += [f"![{os.path.splitext(os.path.basename(p))[0]}]({os.path.basename(p)})"
-            for p in plots]
+            for p in pngs]
   with open(os.path.join(output_dir, MD), "w", encoding="utf-8") as f:
     f.write("\n".join(lines) + "\n")

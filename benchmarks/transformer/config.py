@@ -74,8 +74,7 @@ _CPU = Config(
 PRESETS = {
     # 8 simulated CPU devices and the grammar corpus (common/grammar.py: real German agreement,
     # case and word order, no download); a 2+2-layer, d_model 128 Transformer, data-parallel.
-    # Measured 2026-11-30: BLEU 0.375, 0.551 after epochs 1, 2 (about 75 s per epoch on 2
-    # cores; README).
+    # Its measured run: docs/transformer.md.
     "cpu": _CPU,
     # The same model split by heads, d_ff and vocab over all 8 devices, and a 4 x 2 hybrid.
     "cpu-model": dataclasses.replace(_CPU, mesh=LAYOUTS["model"][0], layout=LAYOUTS["model"][1]),
@@ -86,7 +85,8 @@ PRESETS = {
         _CPU, num_layers=1, d_model=32, d_ff=64, d_kv=4, vocab_size=128,
         grammar_train_examples=600, grammar_eval_examples=32, max_decode_length=8,
         max_epochs=1, truncation="truncate"),
-    # MLPerf v0.6 on a full TPU-v3 pod (REFERENCE.md): 2048 sequences packed to 80 tokens,
+    # MLPerf v0.6 on a full TPU-v3 pod (Kumar et al., arXiv 1909.09756; mlcommons/
+    # training_results_v0.6, Google/benchmarks/transformer): 2048 sequences packed to 80 tokens,
     # lr 1.3 with 550 warmup steps, Adam 0.86/0.92/1e-9.
     "tpu-v3-2048": Config(
         num_cpu_devices=0, mesh="x:64,y:32", layout="batch:x+y", dataset="wmt14",
@@ -141,5 +141,5 @@ def validate(c: Config) -> None:
   require(c, ("adam_beta1", "adam_beta2"), fraction, "must be in [0, 1)")
   require(c, ("warmup_steps", "adam_epsilon", "length_penalty"), non_negative, "must be >= 0")
   if c.tokenizer:   # a bad path fails now, not after the corpus is read (or a vocabulary trained)
-    from benchmarks.common import tokenizer  # pylint: disable=import-outside-toplevel
+    from benchmarks.common import tokenizer
     tokenizer.check(c.tokenizer, c.vocab_size)

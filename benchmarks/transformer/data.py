@@ -56,7 +56,7 @@ class Corpus:
 
 def _read_tfds(cfg) -> Corpus:
   # Registers the translation builders (tfds.data_source needs wmt14_translate's).
-  import tensorflow_datasets.translate  # noqa: F401  pylint: disable=unused-import
+  import tensorflow_datasets.translate  # noqa: F401
   prepare = (f"`tfds build {WMT14} --file_format=array_record` (downloads WMT14; needs "
              f"TensorFlow once), or bring plain text files with --dataset=text")
   src, tgt = cfg.source_language, cfg.target_language
@@ -268,8 +268,8 @@ def write_wmt14(data_dir, train: tuple[list[str], list[str]], test: tuple[list[s
                 ) -> None:
   """wmt14_translate/de-en prepared under `data_dir` by tensorflow-datasets' own builder
   (ArrayRecord) from these (English, German) sentence lists instead of the download."""
-  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
-  import tensorflow_datasets.translate  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+  import tensorflow_datasets as tfds
+  import tensorflow_datasets.translate  # noqa: F401
 
   class Wmt14(tfds.builder_cls("wmt14_translate"), skip_registration=True):
     name = "wmt14_translate"
