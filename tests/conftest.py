@@ -1,6 +1,8 @@
-"""Every test sees 8 simulated CPU devices (set before jax is imported)."""
+"""Every test sees 8 simulated CPU devices (set before jax is imported); the datasets several
+test files read are built here once per test process, in their real formats."""
 
 import glob
+import json
 import os
 import shutil
 import sys
@@ -31,8 +33,39 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import jax  # noqa: E402
+import pytest  # noqa: E402
 
 assert len(jax.devices()) == 8, jax.devices()
+
+IMAGENET_TRAIN, IMAGENET_EVAL = 70, 23
+
+
+@pytest.fixture(scope="session")
+def imagenet_dir(tmp_path_factory):
+  """ImageNet as tensorflow-datasets prepares it (ArrayRecord of JPEGs, the real `imagenet2012`
+  builder's features and writer): IMAGENET_TRAIN train and IMAGENET_EVAL validation images."""
+  from benchmarks.resnet import data
+  return data.write_imagenet(str(tmp_path_factory.mktemp("tfds")), IMAGENET_TRAIN, IMAGENET_EVAL)
+
+
+@pytest.fixture(scope="session")
+def coco(tmp_path_factory):
+  """A COCO-layout folder: 12 train and 5 val images, then edited like real COCO: a crowd
+  annotation and a training image without objects. (root, train annotations, the empty image's
+  id)."""
+  from benchmarks.ssd import shapes
+  root = shapes.ensure(str(tmp_path_factory.mktemp("c") / "coco"), 12, 5)
+  path = f"{root}/annotations/instances_train2017.json"
+  with open(path) as f:
+    train = json.load(f)
+  empty = train["images"][3]["id"]
+  train["annotations"] = [a for a in train["annotations"] if a["image_id"] != empty]
+  train["annotations"].append({"id": 999, "image_id": train["images"][0]["id"],
+                               "category_id": 3, "bbox": [0, 0, 150, 120], "area": 9000,
+                               "iscrowd": 1})
+  with open(path, "w") as f:
+    json.dump(train, f)
+  return root, train, empty
 
 
 # The CPU-default runs (`test_<benchmark>_e2e.py`) take minutes each: start them first, so the

@@ -1,6 +1,7 @@
 """Shared test helpers: tiny configs and an independent single-device training baseline."""
 
 import dataclasses
+import importlib
 import types
 
 import jax
@@ -9,6 +10,7 @@ import optax
 import pytest
 from flax import linen as nn
 
+from benchmarks import main as cli
 from benchmarks.loop import step as step_lib
 from benchmarks.loop.build import build_sharder
 from benchmarks.resnet import suite
@@ -32,6 +34,12 @@ def sharder(mesh: str, layout: str) -> Sharder:
 
 def single_device_baseline(task, seed: int, batches):
   """Plain jax on one device: no mesh, no shardings, no layout. Returns (losses, params)."""
+  losses, params = single_device_steps(task, seed, batches)
+  return losses, params[-1]
+
+
+def single_device_steps(task, seed: int, batches):
+  """`single_device_baseline`, with the parameters after every step: (losses, [params])."""
   init_rng, train_rng = jax.random.split(jax.random.PRNGKey(seed))
   variables = nn.meta.unbox(jax.jit(task.init)(init_rng))
   params = variables.pop("params")
@@ -50,13 +58,14 @@ def single_device_baseline(task, seed: int, batches):
     updates, opt_state = task.optimizer.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), model_state, opt_state, loss
 
-  losses = []
+  losses, each = [], []
   dev = jax.devices()[0]
   for i, b in enumerate(batches):
     b = jax.device_put(b, dev)
     params, model_state, opt_state, loss = step(params, model_state, opt_state, b, i)
     losses.append(float(loss))
-  return np.array(losses), jax.device_get(params)
+    each.append(jax.device_get(params))
+  return np.array(losses), each
 
 
 def planned(mesh: str, layout: str, opts: str = "none"):
@@ -100,3 +109,18 @@ def assert_described_like_read(described, read):
   assert described.shapes is not None and read.shapes is None
   with pytest.raises(RuntimeError, match="described, not read"):
     next(iter(described.train(0)))
+
+
+def run_here(module: str, args, capfd) -> tuple[int, str, str]:
+  """An entry point's `main` (`benchmarks.main`, `benchmarks.sweep.cli`, ...) called in this
+  process with `args` as `run_main` calls it: (exit status, stdout, stderr with the last words
+  `run_main` would write). Its flags are parsed on a fresh set of its own, so many command lines
+  run in one process; jax is this process's (8 simulated CPU devices)."""
+  main = importlib.import_module(module).main
+  capfd.readouterr()
+  try:
+    code, last = cli.ending(main, [module, *args])
+  except SystemExit as e:            # --help prints and exits 0
+    code, last = e.code, None
+  out = capfd.readouterr()
+  return code, out.out, out.err + (f"{last}\n" if last is not None else "")

@@ -10,13 +10,8 @@ from benchmarks.loop import outputs, train
 from benchmarks.resnet import data as data_lib
 from mesh.errors import UserError
 from tests import helpers
-
-N_TRAIN, N_EVAL = 70, 23
-
-
-@pytest.fixture(scope="module")
-def imagenet_dir(tmp_path_factory):
-  return data_lib.write_imagenet(str(tmp_path_factory.mktemp("tfds")), N_TRAIN, N_EVAL)
+from tests.conftest import IMAGENET_EVAL as N_EVAL
+from tests.conftest import IMAGENET_TRAIN as N_TRAIN
 
 
 def _cfg(data_dir, **kw):

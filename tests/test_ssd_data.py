@@ -2,7 +2,6 @@
 warm start from ResNet weights."""
 
 import dataclasses
-import json
 
 import jax
 import numpy as np
@@ -13,27 +12,9 @@ from benchmarks.common import weights
 from benchmarks.loop.step import _warm_start
 from benchmarks.resnet.model import ResNet
 from benchmarks.ssd import data as data_lib
-from benchmarks.ssd import shapes, suite
+from benchmarks.ssd import suite
 from benchmarks.ssd.config import PRESETS
 from mesh.errors import UserError
-
-
-@pytest.fixture(scope="module")
-def coco(tmp_path_factory):
-  """A COCO-layout folder: 12 train and 5 val images, then edited like real COCO: a crowd
-  annotation and a training image without objects."""
-  root = shapes.ensure(str(tmp_path_factory.mktemp("c") / "coco"), 12, 5)
-  path = f"{root}/annotations/instances_train2017.json"
-  with open(path) as f:
-    train = json.load(f)
-  empty = train["images"][3]["id"]
-  train["annotations"] = [a for a in train["annotations"] if a["image_id"] != empty]
-  train["annotations"].append({"id": 999, "image_id": train["images"][0]["id"],
-                               "category_id": 3, "bbox": [0, 0, 150, 120], "area": 9000,
-                               "iscrowd": 1})
-  with open(path, "w") as f:
-    json.dump(train, f)
-  return root, train, empty
 
 
 def cfg_for(root, **kw):

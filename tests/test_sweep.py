@@ -136,7 +136,9 @@ def test_grid_sets_layouts_and_skips():
 
 
 def test_time_to_target_trains_each_variant_once_per_seed(tmp_path):
-  cfg = tiny_resnet(target_accuracy=0.15)    # lowered: both seeds reach it within the one epoch
+  # Width 16 reaches 0.47-0.67 top-1 after its one epoch (seeds 0-2; width 8 reaches 0.11-0.31,
+  # which is chance or near it and moves with the CPU's float rounding): both seeds reach 0.3.
+  cfg = tiny_resnet(model_width=16, target_accuracy=0.3)
   out = tmp_path / "target"
   status, rows, _ = _sweep(out, sweep.Sweep(grid="preset", to_target=True, num_runs=2), cfg)
   assert status == 0

@@ -39,6 +39,7 @@ from typing import Any, Callable
 from absl import flags
 
 from benchmarks import config as config_lib
+from benchmarks import flags as flags_lib
 from benchmarks import registry
 from benchmarks.pod.scale_points import CHIPS, POINTS, Point
 from mesh.errors import UserError
@@ -46,22 +47,20 @@ from mesh.errors import UserError
 PRESET = "tpu-v3-2048"
 WITHIN = 0.30                      # |predicted / published - 1| within this counts as a match
 
-FLAGS = flags.FlagValues()
-flags.DEFINE_string("chips", ",".join(map(str, CHIPS)), "Slices to predict, in chips "
-                    "(comma-separated; Google submitted 16, 64, 128, 256, 512, 1024).",
-                    flag_values=FLAGS)
-flags.DEFINE_string("output_dir", os.path.join("runs", "scale"),
-                    "Where scale_<benchmark>.json and the plot go.", flag_values=FLAGS)
-flags.DEFINE_string("plot", None, "PNG path of the plot (default "
-                    "<output_dir>/scale_<benchmark>.png).", flag_values=FLAGS)
-flags.DEFINE_string("cache_dir", os.path.join("runs", "compile_cache"),
-                    "Compile summaries by key (module docstring).", flag_values=FLAGS)
-flags.DEFINE_bool("refresh", False, "Recompile every point, ignoring the cache.",
-                  flag_values=FLAGS)
-flags.DEFINE_bool("with_eval", True, "Compile and time the eval step too.", flag_values=FLAGS)
-flags.DEFINE_enum("overlap", "none", ["none", "full"], "The step-time model's overlap of "
-                  "collectives with compute: none (upper bound) or full (lower bound).",
-                  flag_values=FLAGS)
+# `./run.sh scale`'s flags: (kind, name, default, help[, enum values]), `benchmarks.flags.define`.
+FLAGS = (
+    ("string", "chips", ",".join(map(str, CHIPS)), "Slices to predict, in chips "
+     "(comma-separated; Google submitted 16, 64, 128, 256, 512, 1024)."),
+    ("string", "output_dir", os.path.join("runs", "scale"),
+     "Where scale_<benchmark>.json and the plot go."),
+    ("string", "plot", None, "PNG path of the plot (default <output_dir>/scale_<benchmark>.png)."),
+    ("string", "cache_dir", os.path.join("runs", "compile_cache"),
+     "Compile summaries by key (module docstring)."),
+    ("bool", "refresh", False, "Recompile every point, ignoring the cache."),
+    ("bool", "with_eval", True, "Compile and time the eval step too."),
+    ("enum", "overlap", "none", "The step-time model's overlap of collectives with compute: none "
+     "(upper bound) or full (lower bound).", ["none", "full"]),
+)
 
 
 # --- points and configs (no jax) ----------------------------------------------------------------
@@ -236,41 +235,41 @@ def plot(rows: dict[str, list[dict]], path: str) -> None:
 
 # --- command line -------------------------------------------------------------------------------
 
-def _parse_error(e: flags.Error) -> UserError:
-  from benchmarks.main import bad_value
-  hint = f"`./run.sh scale --help` lists its flags ({', '.join('--' + n for n in FLAGS)})"
-  return UserError(bad_value(e, FLAGS) or f"{str(e).splitlines()[0]}; {hint}")
+def _parse_error(e: flags.Error, fv: flags.FlagValues) -> UserError:
+  hint = f"`./run.sh scale --help` lists its flags ({', '.join('--' + n for n in fv)})"
+  return UserError(flags_lib.bad_value(e, fv) or f"{str(e).splitlines()[0]}; {hint}")
 
 
-def check_outputs() -> None:
+def check_outputs(fv: flags.FlagValues) -> None:
   """Where the results go can be written, checked before minutes of compiling."""
-  config_lib.check_writable("--output_dir", FLAGS.output_dir)
-  if FLAGS.plot:
-    config_lib.check_writable("--plot", FLAGS.plot, kind="file")
-  if FLAGS.cache_dir:
-    config_lib.check_writable("--cache_dir", FLAGS.cache_dir)
+  config_lib.check_writable("--output_dir", fv.output_dir)
+  if fv.plot:
+    config_lib.check_writable("--plot", fv.plot, kind="file")
+  if fv.cache_dir:
+    config_lib.check_writable("--cache_dir", fv.cache_dir)
 
 
 def main(argv: list[str]) -> int:
+  fv = flags.FlagValues()           # a fresh set per call
+  flags_lib.define(fv, FLAGS)
   rest = argv[1:]
   if any(a in ("--help", "-h", "--helpfull") for a in rest):
-    print(__doc__.split("\n\n")[1] + "\n\nflags:\n" + FLAGS.get_help(include_special_flags=False))
+    print(__doc__.split("\n\n")[1] + "\n\nflags:\n" + fv.get_help(include_special_flags=False))
     return 0
   if not rest or rest[0].startswith("-"):
     raise UserError(f"name a benchmark: run.sh scale <benchmark> [--chips=16,64] with "
                     f"benchmark one of {', '.join(POINTS)} or all")
   try:
-    extra = FLAGS([argv[0]] + rest[1:])[1:]
+    extra = fv([argv[0]] + rest[1:])[1:]
   except flags.Error as e:
-    raise _parse_error(e) from None
+    raise _parse_error(e, fv) from None
   if extra:
     raise UserError(f"unexpected argument '{extra[0]}'; flags are written --name=value")
-  points = select(rest[0], parse_chips(FLAGS.chips))
-  check_outputs()
-  run(points, FLAGS.output_dir, FLAGS.plot, FLAGS.cache_dir, FLAGS.refresh, FLAGS.with_eval,
-      overlap=FLAGS.overlap)
+  points = select(rest[0], parse_chips(fv.chips))
+  check_outputs(fv)
+  run(points, fv.output_dir, fv.plot, fv.cache_dir, fv.refresh, fv.with_eval,
+      overlap=fv.overlap)
   return 0
-
 
 if __name__ == "__main__":
   from benchmarks.main import run_main
