@@ -62,6 +62,7 @@ def resnet_v3():
   return compile_only.analyze("resnet", _tiny_resnet(), "v3:2x2", say=lambda s: None)
 
 
+@pytest.mark.slow
 @needs_libtpu
 def test_tiny_resnet_on_a_v3_slice(resnet_v3):
   import jax
@@ -91,6 +92,7 @@ def test_tiny_resnet_on_a_v3_slice(resnet_v3):
   assert model["collective_s"] > 0
 
 
+@pytest.mark.slow
 @needs_libtpu
 def test_prediction_is_steps_times_step_plus_evaluations(resnet_v3):
   p, d = resnet_v3["prediction"], resnet_v3["dataset"]
@@ -152,6 +154,7 @@ def test_pod_presets_describe_their_datasets(name):
     assert evals["mask"].shape == (cfg.eval_batch_size or cfg.global_batch_size,)
 
 
+@pytest.mark.slow
 def test_the_compile_cache_reuses_programs_until_their_code_changes(tmp_path, monkeypatch):
   """A compiled program's facts are cached: the same config reads them back (same summary, no
   compile); a changed source file that compiled it makes it compile again."""
@@ -189,6 +192,7 @@ def test_the_compile_cache_reuses_programs_until_their_code_changes(tmp_path, mo
   assert compiles == [1, 1] and any("benchmarks/resnet/model.py" in s for s in said)
 
 
+@pytest.mark.slow
 @needs_libtpu
 def test_loop_trips_counted_in_tpu_programs():
   """TPU HLO drops fori_loop's known_trip_count; the trips are read from the loop (i < 2 from

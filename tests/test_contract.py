@@ -32,7 +32,9 @@ def test_declarations(name):
   assert registry.by_mlperf_name(mod.SPEC.mlperf_name) is entry
 
 
-@pytest.mark.parametrize("name", NAMES)
+# ResNet's in the quick tier (about 30 s); the others in the full suite.
+@pytest.mark.parametrize("name", [n if n == "resnet" else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in NAMES])
 def test_tiny_preset_end_to_end(name, tmp_path, monkeypatch):
   monkeypatch.setenv("MESHPERF_CACHE", str(tmp_path / "cache"))
   entry = registry.BENCHMARKS[name]

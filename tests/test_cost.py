@@ -197,6 +197,7 @@ def _grad_step(ws, x):
   return [w - 0.1 * gw for w, gw in zip(ws, g)]
 
 
+@pytest.mark.slow
 def test_tpu_explicit_groups_are_mesh_positions():
   # v3:4x4 lists its 32 devices with ids that are not in mesh order (0,1,2,3,8,9,...): the
   # printed groups are positions in mesh.devices.flat, not device ids.

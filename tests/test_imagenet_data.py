@@ -51,6 +51,7 @@ def test_each_process_reads_its_own_shard(imagenet_dir):
   assert len(t0) == len(t1) == 8 and not set(t0.tolist()) & set(t1.tolist())
 
 
+@pytest.mark.slow
 def test_trains_an_epoch_on_it(imagenet_dir, tmp_path):
   s = train.run(_cfg(imagenet_dir, max_epochs=1), "resnet",
                 outputs.RunOptions(output_dir=str(tmp_path), quiet=True))

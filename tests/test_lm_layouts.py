@@ -19,6 +19,8 @@ from mesh.sharding import Sharder, follow_params, names_of
 from mesh.spec import parse_layout, parse_mesh
 from tests import helpers
 
+pytestmark = pytest.mark.slow   # minutes: `./run.sh test --quick` leaves this file out
+
 V3_CORE_BYTES = 16 * 2**30
 
 

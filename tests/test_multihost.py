@@ -27,6 +27,7 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
 from benchmarks.common import weights
 from benchmarks.resnet import data as resnet_data
@@ -120,6 +121,7 @@ def _losses(out_dir):
   return np.array([e["train_loss"] for e in evals]), [e["quality"] for e in evals]
 
 
+@pytest.mark.slow
 def test_two_processes_equal_one_in_float64(tmp_path):
   args = [*FLOAT64, "--max_epochs=5", "--checkpoint_every=5"]
   one, two = tmp_path / "one", tmp_path / "two"
@@ -181,6 +183,7 @@ def _rows(x):
   return {r.tobytes() for r in x.reshape(len(x), -1)}
 
 
+@pytest.mark.slow
 def test_unreachable_coordinator_ends_with_status_6(tmp_path):
   """Process 1 with no coordinator, and a coordinator (process 0) whose peer never comes."""
   args = ["resnet", "--config=tiny", "--num_cpu_devices=4", "--num_processes=2",
@@ -205,6 +208,7 @@ def test_unreachable_coordinator_ends_with_status_6(tmp_path):
   assert not os.path.exists(tmp_path / "run")
 
 
+@pytest.mark.slow
 def test_killed_peer_ends_the_other(tmp_path):
   """SIGKILL process 1 mid-run (after the first evaluation): process 0's watchdog sees its
   heartbeats stop and ends the run with status 6 within --coordinator_timeout_s."""
@@ -256,6 +260,7 @@ run_main(main)
 '''
 
 
+@pytest.mark.slow
 def test_three_processes_end_together(tmp_path):
   """--coordinator_timeout_s=6, three clusters of 3 processes at once:
   - process 2 frozen (SIGSTOP): process 0's watchdog finds it silent and ends with status 6
@@ -348,6 +353,7 @@ run_main(main)
 '''
 
 
+@pytest.mark.slow
 def test_two_endings_at_once_write_one_error_line(tmp_path):
   """The process's last words are one `error:` line and status 6 whichever ending comes first
   (CI once saw both lines: the watchdog's and the main thread's)."""
@@ -383,6 +389,7 @@ run_main(main)
 '''
 
 
+@pytest.mark.slow
 def test_last_line_is_ours_when_the_runtime_logs_while_ending(tmp_path):
   """A lost peer's status-6 ending: the runtime's threads may log after the `error:` line while
   the process marks itself failed and exits (seen on a loaded CI machine: jax's abort message

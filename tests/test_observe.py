@@ -40,6 +40,7 @@ def _scalars(folder) -> dict[str, list[tuple[int, float]]]:
   return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
+@pytest.mark.slow
 def test_tensorboard_events_hold_every_step_and_each_evaluation(run):
   out, cfg, summary = run
   assert summary["tensorboard"] == str(out / "tensorboard" / "run_0")
@@ -70,6 +71,7 @@ def test_tensorboard_events_hold_every_step_and_each_evaluation(run):
     assert step_s > 0 and rate == pytest.approx(cfg.global_batch_size / step_s, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_png_of_the_run_beside_summary_json(run):
   out, _, summary = run
   assert summary["plot"] == str(out / "summary.png")
@@ -80,6 +82,7 @@ def test_png_of_the_run_beside_summary_json(run):
   assert not glob.glob(str(out / "*.tmp"))
 
 
+@pytest.mark.slow
 def test_profile_holds_exactly_the_asked_steps(run):
   out, _, summary = run
   assert summary["profile"] == str(out / "profile" / "run_0")
@@ -94,6 +97,7 @@ def test_profile_holds_exactly_the_asked_steps(run):
   assert len(executed) == PROFILED[1] - PROFILED[0]       # device 0 ran the three steps
 
 
+@pytest.mark.slow
 def test_a_png_that_cannot_be_written_changes_no_ending(run, capfd):
   """--run_index=1 in the same folder: its own events folder and PNG name; a folder in the
   PNG's way is one warning line, and the run ends as it would have (epoch limit, status 1)."""

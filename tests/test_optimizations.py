@@ -81,6 +81,7 @@ def programs():
   return out
 
 
+@pytest.mark.slow
 def test_grad_sum_2d_hlo_pattern(programs):
   program, _ = programs["2d"]
   colls = cost.collectives(program.train.as_text())
@@ -100,6 +101,7 @@ def test_grad_sum_2d_hlo_pattern(programs):
   assert dp["reduce-scatter"]["count"] == 0 and dp["all-reduce"]["bytes"] >= n_params * 4
 
 
+@pytest.mark.slow
 def test_weight_update_sharding_divides_optimizer_state(programs):
   dp_prog, dp_state = programs["dp"]
   wus_prog, wus_state = programs["wus"]
@@ -113,6 +115,7 @@ def test_weight_update_sharding_divides_optimizer_state(programs):
   assert wus["reduce-scatter"]["count"] == 1 and wus["all-gather"]["count"] >= 1
 
 
+@pytest.mark.slow
 def test_spatial_partitioning_halo_exchange_and_smaller_activations(programs):
   off, on = programs["sp_off"][0].step_cost, programs["sp_on"][0].step_cost
   assert off["collectives"]["collective-permute"]["count"] == 0
@@ -123,6 +126,7 @@ def test_spatial_partitioning_halo_exchange_and_smaller_activations(programs):
 
 # --- distributed evaluation -------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_distributed_eval_equals_single_device_evaluation():
   cfg = helpers.tiny_resnet(eval_batch_size=48)        # 359 examples: the last batch padded
   task = helpers.resnet_task(cfg)
@@ -151,6 +155,7 @@ def test_distributed_eval_equals_single_device_evaluation():
   assert step_lib.evaluate(program2, state2, task.data.eval()) == got
 
 
+@pytest.mark.slow
 def test_summary_shows_the_optimizations(tmp_path):
   cfg = helpers.tiny_resnet(mesh="x:4,y:2", layout="batch:x+y", max_epochs=1,
                             optimizations="grad_sum_2d,weight_update_sharding,distributed_eval")
@@ -175,6 +180,7 @@ def test_arguments_refused_with_a_clear_error(opts, needle):
     _plan(opts)
 
 
+@pytest.mark.slow
 def test_grad_accum_plan_and_log(tmp_path):
   p = _plan("grad_accum:4,weight_update_sharding")
   assert p.accumulation_steps == 4 and len(p.gradient_wrappers) == 1
@@ -246,6 +252,7 @@ def test_every_preset_ablation_and_scale_point_is_applicable():
   assert checked > 40
 
 
+@pytest.mark.slow
 def test_cli_refuses_an_optimization_that_does_nothing(tmp_path):
   out = tmp_path / "out"
   env = dict(os.environ)

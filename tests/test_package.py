@@ -70,6 +70,7 @@ def package(series, tmp_path_factory):
   return dest, _package(series[0], f"--output_dir={dest}", "--org=acme", "--system=cpu8")
 
 
+@pytest.mark.slow
 def test_num_runs_writes_one_seeded_result_per_run(series):
   out, stdout = series
   logs = [out / f"result_{i}.txt" for i in range(5)]
@@ -82,6 +83,7 @@ def test_num_runs_writes_one_seeded_result_per_run(series):
   assert len(last) == 1 and f"olympic mean {_olympic(logs):.4f} min" in last[0], last
 
 
+@pytest.mark.slow
 def test_package_layout_checks_and_score(series, package):
   out, _ = series
   dest, p = package
@@ -114,6 +116,7 @@ def test_package_layout_checks_and_score(series, package):
   assert report["official"] and report["required_runs"] == 5
 
 
+@pytest.mark.slow
 def test_fewer_runs_are_packaged_but_not_official(series, tmp_path):
   out, _ = series
   three = tmp_path / "three"
@@ -130,6 +133,7 @@ def test_fewer_runs_are_packaged_but_not_official(series, tmp_path):
   assert len(os.listdir(tmp_path / "pkg" / "meshperf" / "results" / "8xcpu" / "resnet")) == 3
 
 
+@pytest.mark.slow
 def test_a_resumed_log_is_never_packaged(series, tmp_path):
   out, _ = series
   folder = tmp_path / "runs"
@@ -147,6 +151,7 @@ def test_a_resumed_log_is_never_packaged(series, tmp_path):
   assert not (tmp_path / "pkg").exists()
 
 
+@pytest.mark.slow
 def test_a_series_refuses_an_existing_result_before_any_run(tmp_path):
   (tmp_path / "result_1.txt").write_text("an earlier run\n")
   p = subprocess.run(RUN + ["--num_runs=3", f"--output_dir={tmp_path}"], cwd=ROOT, env=_env(),

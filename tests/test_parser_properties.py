@@ -98,6 +98,7 @@ def _parses_or_user_error(fn, text):
 
 # --- --mesh -----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @FAST
 @given(mesh_texts())
 def test_mesh_well_formed_parses_to_what_was_written(case):

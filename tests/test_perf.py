@@ -25,6 +25,7 @@ from benchmarks.resnet.model import ResNet
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
 def test_baseline_is_meshperf_resnet_same_weights_same_step():
   """ResNet-10 of width 8 on 2 devices, cross-replica batch norm: equal parameter trees and
   counts, equal eval-forward FLOPs, and one training step of each from the same weights gives
@@ -74,6 +75,7 @@ def test_baseline_is_meshperf_resnet_same_weights_same_step():
   assert flops[1] > 0 and abs(flops[0] / flops[1] - 1) < 0.01, flops
 
 
+@pytest.mark.slow
 def test_quick_run_writes_its_reports_and_the_last_line(tmp_path):
   out = tmp_path / "perf"
   r = subprocess.run([sys.executable, "-m", "benchmarks.perf", "--quick", "--rounds=2",

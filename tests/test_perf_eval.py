@@ -2,7 +2,11 @@
 the structure of the report is checked here: speed is what the script measures, not what a test
 asserts."""
 
+import pytest
+
 from benchmarks.perf import evaluation as perf_eval
+
+pytestmark = pytest.mark.slow   # minutes: `./run.sh test --quick` leaves this file out
 
 PARTS = ("total_s", "cpu_s", "data_s", "host_s", "device_s", "quality")
 

@@ -39,6 +39,7 @@ def _check(result, names, workers, steps):
   return rows
 
 
+@pytest.mark.slow
 def test_measure_every_pipeline_and_a_step(tmp_path):
   result = perf_input.measure(lambda m: None, (0, 1), perf_input.Settings.tiny(),
                               tmp_dir=str(tmp_path))
@@ -66,6 +67,7 @@ def _same(a, b):
       np.testing.assert_array_equal(x[k], y[k])
 
 
+@pytest.mark.slow
 def test_imagenet_batches_are_the_same_with_0_and_2_worker_processes(tmp_path):
   root = resnet_data.write_imagenet(str(tmp_path), 40, 4)
   cfg = dataclasses.replace(RESNET["cpu"], dataset="imagenet", data_dir=root,

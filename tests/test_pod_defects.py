@@ -65,6 +65,7 @@ BN_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh,layout,opts,span", BN_CASES)
 def test_batch_norm_statistics_reduced_within_span_groups(mesh, layout, opts, span):
   """Against local batch norm (span = per-replica batch, no statistics to reduce), a span of
@@ -143,6 +144,7 @@ def _jnp_group_bn(x, span, eps=1e-5):
   return ((g - mean) / jnp.sqrt(var + eps)).reshape(x.shape)
 
 
+@pytest.mark.slow
 def test_batch_norm_groups_of_two_replicas_train_like_one_device():
   """Two training steps with groups of 2 replicas (span 8, weight-update sharding over data:8)
   equal an independent single-device float64 run."""
@@ -197,6 +199,7 @@ def shapes_dir(tmp_path_factory):
   return tmp_path_factory.mktemp("shapes") / "coco"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh,opts", [
     ("data:8", "distributed_eval"), ("data:2,spatial:4", "spatial_partitioning,distributed_eval")])
 def test_ssd_eval_collectives_bounded_by_the_kept_detections(shapes_dir, mesh, opts):
@@ -214,6 +217,7 @@ def test_ssd_eval_collectives_bounded_by_the_kept_detections(shapes_dir, mesh, o
   assert sum(c.bytes for c in crossing) <= _kept_bytes(out), [c.line[:160] for c in crossing]
 
 
+@pytest.mark.slow
 def test_ssd_distributed_eval_detections_equal_lax_top_k_on_one_device(shapes_dir, monkeypatch):
   """Detections of the distributed eval step (8 devices, one image each, float64) equal an
   independent evaluation on one device with the earlier `lax.top_k` ranking."""
@@ -233,6 +237,7 @@ def test_ssd_distributed_eval_detections_equal_lax_top_k_on_one_device(shapes_di
   np.testing.assert_allclose(out["boxes"], ref["boxes"], rtol=1e-12, atol=1e-15)
 
 
+@pytest.mark.slow
 def test_distributed_eval_keeps_the_layout_of_a_host_stats_task(shapes_dir):
   """The eval step of a task with host_stats (SSD) compiles under the layout's constraints.
   Before, the eval was traced once outside the layout (for its output shapes) and jit reused

@@ -92,6 +92,7 @@ def baseline(tmp_path_factory):
   return out, _final_params(out)
 
 
+@pytest.mark.slow
 def test_sigterm_mid_epoch_checkpoints_and_resume_is_bit_identical(baseline, tmp_path):
   out = tmp_path / "run"
   p = _start(f"--output_dir={out}", "--nan_check_every=1")
@@ -130,6 +131,7 @@ def test_sigterm_mid_epoch_checkpoints_and_resume_is_bit_identical(baseline, tmp
   assert not (out / "result_0.resume-2.txt").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["mid_epoch", "after_checkpoint"])
 def test_sigkill_then_resume_is_bit_identical(baseline, tmp_path, where):
   out = tmp_path / "run"
@@ -153,6 +155,7 @@ def test_sigkill_then_resume_is_bit_identical(baseline, tmp_path, where):
   assert resumed["final_quality"] == straight["final_quality"]
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_within_the_check_window(tmp_path):
   out = tmp_path / "run"
   rc, _, err = _run(f"--output_dir={out}", "--base_learning_rate=1e30", "--nan_check_every=5")
@@ -169,6 +172,7 @@ def test_nan_loss_stops_within_the_check_window(tmp_path):
   assert '"status": "aborted"' in log.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_overwrite_starts_clean_and_run_indices_do_not_collide(baseline, tmp_path):
   out = tmp_path / "run"
   args = ["--max_epochs=1", f"--output_dir={out}"]
@@ -221,6 +225,7 @@ def test_a_failed_save_leaves_the_previous_checkpoint_whole(tmp_path, capfd):
   assert "Traceback" not in capfd.readouterr().err
 
 
+@pytest.mark.slow
 def test_resume_with_another_model_shape_is_bad_input(baseline, tmp_path):
   """One line before any array is read (not orbax's tracebacks), and nothing written."""
   out = tmp_path / "killed"

@@ -5,10 +5,14 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from benchmarks.loop import outputs, train
 from benchmarks.resnet.config import PRESETS
 from logs import compliance
 from tests import helpers
+
+pytestmark = pytest.mark.slow   # minutes: `./run.sh test --quick` leaves this file out
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

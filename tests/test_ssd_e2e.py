@@ -6,8 +6,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from benchmarks.ssd.config import PRESETS
 from logs import compliance
+
+pytestmark = pytest.mark.slow   # minutes: `./run.sh test --quick` leaves this file out
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

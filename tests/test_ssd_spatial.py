@@ -19,6 +19,8 @@ from benchmarks.ssd.config import PRESETS
 from logs import compliance
 from tests import helpers
 
+pytestmark = pytest.mark.slow   # minutes: `./run.sh test --quick` leaves this file out
+
 
 def tiny_ssd(tmp, **kw):
   """A ResNet-10-style SSD of width 4 on 120x120 images: maps 15, 8 and 4. Closed-division

@@ -44,6 +44,7 @@ def timed(tmp_path_factory):
   return out, s, _sweep(out, s)
 
 
+@pytest.mark.slow
 def test_throughput_sweep_writes_csv_markdown_and_plots(timed):
   out, _, (status, rows, said) = timed
   assert status == 0
@@ -81,6 +82,7 @@ def test_throughput_sweep_writes_csv_markdown_and_plots(timed):
   assert "†" not in md
 
 
+@pytest.mark.slow
 def test_resumed_sweep_redoes_only_the_unfinished_variant(timed):
   out, s, _ = timed
   state = out / "sweep.jsonl"
@@ -135,6 +137,7 @@ def test_grid_sets_layouts_and_skips():
   assert [v.optimizations for v in one] == ["none", "distributed_eval"]
 
 
+@pytest.mark.slow
 def test_time_to_target_trains_each_variant_once_per_seed(tmp_path):
   # Width 16 reaches 0.47-0.67 top-1 after its one epoch (seeds 0-2; width 8 reaches 0.11-0.31,
   # which is chance or near it and moves with the CPU's float rounding): both seeds reach 0.3.

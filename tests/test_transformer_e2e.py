@@ -6,9 +6,13 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from benchmarks.loop import outputs, train
 from benchmarks.transformer.config import PRESETS
 from logs import compliance
+
+pytestmark = pytest.mark.slow   # minutes: `./run.sh test --quick` leaves this file out
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

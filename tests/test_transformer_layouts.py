@@ -12,6 +12,8 @@ from benchmarks.transformer import suite
 from benchmarks.transformer.config import LAYOUTS, PRESETS
 from tests import helpers
 
+pytestmark = pytest.mark.slow   # minutes: `./run.sh test --quick` leaves this file out
+
 
 def _task(tmp, dropout):
   cfg = dataclasses.replace(

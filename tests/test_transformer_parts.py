@@ -46,6 +46,7 @@ def _trim(row):
   return tuple(row[:row.index(EOS) + 1]) if EOS in row else tuple(row)
 
 
+@pytest.mark.slow
 def test_beam_search_finds_the_best_sentence_found_by_enumeration():
   """A beam wide enough to keep every prefix (27 >= 3**3 / 2 candidates per step) must return
   exactly the best of all 40 sentences; the cached decoder must score them as the full model."""
@@ -124,6 +125,7 @@ def test_label_smoothing_loss_matches_its_definition():
       assert float(got[b, t]) == pytest.approx(-float(np.dot(soft, logp[b, t])), rel=1e-5)
 
 
+@pytest.mark.slow
 def test_beam_top_k_equals_lax_top_k_with_ties():
   """`beam.top_k` (rounds of max, which the partitioner splits by batch) returns exactly
   `lax.top_k`'s values and indices: ties (lower index first), the NEG of masked candidates and
