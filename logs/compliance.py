@@ -75,18 +75,6 @@ def read_log(path: str) -> list[dict]:
   return records
 
 
-def benchmark_of(path: str) -> str | None:
-  """The `submission_benchmark` value logged in a result file."""
-  with open(path, encoding="utf-8", errors="replace") as f:
-    for line in f:
-      if ":::MLLOG" in line and '"submission_benchmark"' in line:
-        try:
-          return json.loads(line.split(":::MLLOG", 1)[1])["value"]
-        except (ValueError, KeyError):
-          return None
-  return None
-
-
 # MLPerf 0.6 logs used the older `:::MLL <seconds> <key>: {"value": .., "metadata": ..}` syntax,
 # which is all the 0.6.0 ruleset's parser reads.
 LEGACY_SYNTAX = {"0.6.0"}

@@ -3,9 +3,10 @@
 Each checkpoint is an orbax step folder (`<output_dir>/checkpoints/<global step>/default`, the
 newest two kept) with custom metadata naming the run's position: the global step, the epoch
 and the batch within it, and what fixes the order of the batches (seed, global batch size,
-training examples). The loop's batches are a pure function of these (`train._batches`: epoch
-`e`'s order is the data module's `train(e)`), so a run resumed from a mid-epoch checkpoint
-continues with the very batches it would have trained on.
+training examples). The loop's batches are a pure function of these
+(`benchmarks.loop.timeline.batches`: epoch `e`'s order is the data module's `train(e)`), so a
+run resumed from a mid-epoch checkpoint continues with the very batches it would have trained
+on.
 
 Saves are synchronous and atomic: orbax writes a step into a temporary folder and renames it
 when complete (orbax `AtomicityOptions`), so a crash or a full disk during a save leaves the

@@ -143,7 +143,7 @@ def initial_state(task: Task, sharder: Sharder, init: Callable[[], Any]):
   with use(sharder):
     state = init()
     if task.warm_start is not None:
-      state = _warm_start(state, task.warm_start())
+      state = place_warm_start(state, task.warm_start())
   return state
 
 
@@ -215,7 +215,7 @@ def compile_steps(task: Task, sharder: Sharder, seed: int, train_example: dict,
   return program, lambda: jax.jit(init_state, out_shardings=state_shardings)(init_rng, train_rng)
 
 
-def _warm_start(state, partial: dict):
+def place_warm_start(state, partial: dict):
   """`state` with the values of `partial` ({"params": ..., "model_state": ...} nested dicts of
   host arrays) at their paths, placed with each replaced leaf's sharding."""
   def put(target, value, path):

@@ -6,7 +6,7 @@ For each benchmark the CPU default's program is compiled twice (over all devices
 device at the same global batch) and six ways of running steps take turns, round by round, in
 a rotating order (so slow drift in the machine's load falls on all alike):
 
-  harness  `benchmarks.loop.train._train_block`, the loop `./run.sh` runs: the real input pipeline
+  harness  `benchmarks.loop.train.train_block`, the loop `./run.sh` runs: the real input pipeline
            behind the prefetch thread, MLPerf epoch events into a real log file, the metrics
            window (`--nan_check_every`), TensorBoard events, progress lines, the signal check;
            checkpoints off.
