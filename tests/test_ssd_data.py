@@ -9,7 +9,7 @@ import pytest
 from flax import linen as nn
 
 from benchmarks.common import weights
-from benchmarks.loop.step import _warm_start
+from benchmarks.loop.step import place_warm_start
 from benchmarks.resnet.model import ResNet
 from benchmarks.ssd import data as data_lib
 from benchmarks.ssd import suite
@@ -112,7 +112,7 @@ def test_backbone_warm_start(coco, tmp_path):
   task = suite.build(cfg, replicas=8)
   init = jax.tree.map(jax.numpy.asarray, _random_variables(task.init, 2))
   state = {"params": init["params"], "model_state": {"batch_stats": init["batch_stats"]}}
-  warm = _warm_start(state, task.warm_start())
+  warm = place_warm_start(state, task.warm_start())
   got = warm["params"]["Backbone"]
   for name in ("stem", "BatchNorm_0", "Block_0", "Block_2"):
     for a, b in zip(jax.tree.leaves(got[name]), jax.tree.leaves(variables["params"][name])):
@@ -127,7 +127,7 @@ def test_backbone_warm_start(coco, tmp_path):
   weights.save_npz(_random_variables(_resnet(8), 1), str(tmp_path / "wide.npz"))
   task = suite.build(dataclasses.replace(cfg, backbone_checkpoint=str(tmp_path / "wide.npz")), 8)
   with pytest.raises(UserError, match="another model size"):
-    _warm_start(state, task.warm_start())
+    place_warm_start(state, task.warm_start())
 
 
 def test_described_coco_has_the_read_batches_shapes(coco):
