@@ -3,8 +3,8 @@
 A run has its own flags (`define_run_flags`: output folder, MLPerf submission fields,
 checkpoints, multi-host, compile-only) and one flag per field of the chosen benchmark's Config
 (`define_config_flags`), whose default is the value in the chosen `--config` preset. Nothing is
-defined on absl's global `flags.FLAGS`: every parse starts from a fresh set, so one process can
-parse many command lines (the bad-input tests do). This module does not import jax.
+defined on absl's global `flags.FLAGS`: every parse starts from a fresh set (`fresh`), so one
+process can parse many command lines (the bad-input tests do). This module does not import jax.
 """
 
 from __future__ import annotations
@@ -64,6 +64,22 @@ RUN_FLAGS = (
      "none)."),
 )
 RUN_FLAG_NAMES = [row[1] for row in RUN_FLAGS]
+
+
+def fresh() -> flags.FlagValues:
+  """A new set of flags for one command line, holding absl's own (`--verbosity`,
+  `--logtostderr`, ...: absl.logging defines them on the global set) so they keep working."""
+  fv = flags.FlagValues()
+  fv.append_flag_values(flags.FLAGS)
+  return fv
+
+
+def mark_parsed() -> None:
+  """absl's global set counts as parsed once a command line is (absl.logging otherwise warns
+  "Logging before flag parsing" at its first record): its flags took their values in `fresh`'s
+  set, which shares them."""
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
 
 
 def define(fv: flags.FlagValues, rows) -> list[str]:

@@ -112,7 +112,7 @@ def setup(argv: list[str], verb: str = "<benchmark>",
   mod = entry.config()
   preset_name = flags_lib.flag_value(argv, "config") or "cpu"
   preset = config_lib.preset(mod.PRESETS, preset_name, name)
-  fv = flags.FlagValues()
+  fv = flags_lib.fresh()
   run_flags = flags_lib.define(fv, flags_lib.RUN_FLAGS)
   run_flags += [n for n in (more_flags(fv) if more_flags else []) if n not in run_flags]
   types = flags_lib.define_config_flags(mod.Config, preset, fv)
@@ -124,6 +124,7 @@ def setup(argv: list[str], verb: str = "<benchmark>",
     extra = fv(rest)[1:]
   except flags.Error as e:
     raise flags_lib.parse_error(e, name, types, fv) from None
+  flags_lib.mark_parsed()
   if extra:
     raise UserError(f"unexpected argument '{extra[0]}'; flags are written --name=value")
   if fv.config != preset_name:    # a spelling the pre-scan did not see (-config=, flagfile)

@@ -48,3 +48,10 @@ def test_run_sh_check_bad_path():
   p = subprocess.run([os.path.join(ROOT, "run.sh"), "check", "/nonexistent/folder"],
                      capture_output=True, text=True, check=False)
   assert p.returncode == 2 and p.stderr.strip().startswith("error: /nonexistent/folder")
+
+
+def test_absl_logging_flags_are_still_flags(capfd):
+  """absl's own flags (absl.logging's --verbosity, --alsologtostderr, ...) parse beside the
+  run's, as they did when the run's flags lived on absl's global set."""
+  code, _, err = _main(capfd, "resnet", "--alsologtostderr=false", "--max_epochs=-3")
+  assert code == 2 and "--max_epochs must be positive (got -3)" in err, err
