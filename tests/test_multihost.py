@@ -210,8 +210,12 @@ def test_unreachable_coordinator_ends_with_status_6(tmp_path):
 
 @pytest.mark.slow
 def test_killed_peer_ends_the_other(tmp_path):
-  """SIGKILL process 1 mid-run (after the first evaluation): process 0's watchdog sees its
-  heartbeats stop and ends the run with status 6 within --coordinator_timeout_s."""
+  """SIGKILL process 1 mid-run (after the first evaluation): process 0 ends the run with status 6
+  and one line naming the lost peer, within --coordinator_timeout_s. Usually its watchdog sees
+  the heartbeats stop; when the kill lands while process 0 is inside a collective, gloo reports
+  the reset connection first (once in three full runs of the suite on a 2-core machine) and
+  the failed collective ends it. The watchdog alone, on a frozen peer, is checked by
+  test_three_processes_end_together."""
   args = ["resnet", "--config=tiny", "--global_batch_size=512", "--max_epochs=1000",
           "--progress_every_s=0", f"--output_dir={tmp_path / 'run'}"]
   timeout_s = 15
@@ -224,8 +228,12 @@ def test_killed_peer_ends_the_other(tmp_path):
     _stop(procs)
   err = _read(tmp_path, "p0.err")
   assert procs[0].returncode == 6, err[-3000:]
-  assert err.splitlines()[-1].startswith("error: lost process 1 of 2: it stopped sending "
-                                         "heartbeats"), err[-3000:]
+  last = err.splitlines()[-1]
+  watchdog = last.startswith("error: lost process 1 of 2: it stopped sending heartbeats")
+  collective = (last.startswith("error: a collective with the other processes failed")
+                and "Connection reset by peer" in last)
+  assert watchdog or collective, err[-3000:]
+  assert sum(line.startswith("error: ") for line in err.splitlines()) == 1, err[-3000:]
   assert "Traceback" not in err and "Check failure" not in err
   assert took < timeout_s + 30, took
   print(f"process 0 exited {took:.1f} s after process 1 was killed")
