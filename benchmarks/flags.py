@@ -1,10 +1,11 @@
 """The command line's flags, built per call on a private `absl.flags.FlagValues`.
 
-A run has its own flags (`define_run_flags`: output folder, MLPerf submission fields,
-checkpoints, multi-host, compile-only) and one flag per field of the chosen benchmark's Config
-(`define_config_flags`), whose default is the value in the chosen `--config` preset. Nothing is
-defined on absl's global `flags.FLAGS`: every parse starts from a fresh set (`fresh`), so one
-process can parse many command lines (the bad-input tests do). This module does not import jax.
+A run has its own flags (`RUN_FLAGS`, defined with `define`: output folder, MLPerf submission
+fields, checkpoints, multi-host, compile-only) and one flag per field of the chosen benchmark's
+Config (`define_config_flags`), whose default is the value in the chosen `--config` preset.
+Nothing is defined on absl's global `flags.FLAGS`: every parse starts from a fresh set
+(`fresh`), so one process can parse many command lines (the bad-input tests do). This module
+does not import jax.
 """
 
 from __future__ import annotations
@@ -63,12 +64,13 @@ RUN_FLAGS = (
      "compiled programs' facts here and reuse them while config and code are unchanged ('' for "
      "none)."),
 )
-RUN_FLAG_NAMES = [row[1] for row in RUN_FLAGS]
 
 
 def fresh() -> flags.FlagValues:
-  """A new set of flags for one command line, holding absl's own (`--verbosity`,
-  `--logtostderr`, ...: absl.logging defines them on the global set) so they keep working."""
+  """A new set of flags for one command line. It also holds absl's own (`--verbosity`,
+  `--logtostderr`, ...: absl.logging defines them on the global set) so they keep working;
+  those few are absl's shared objects, so their values carry over between command lines parsed
+  in one process (the tests'), as absl's global flags would."""
   fv = flags.FlagValues()
   fv.append_flag_values(flags.FLAGS)
   return fv

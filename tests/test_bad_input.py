@@ -385,3 +385,28 @@ def test_some_cases_run_in_their_own_process_and_most_here():
   assert {v for v, _ in own} >= {"run.sh", "main"}
   assert len(own) < len(CASES) / 3, len(own)
   assert {v for v, a, _ in CASES if not _own_process(v, a)} == set(IN_PROCESS)
+
+
+# One case of each verb that runs in this process above, in a process of its own: the entry
+# points' own `python -m` modules, `run_main` and the process's real exit status.
+OWN_PROCESS_ONCE = [
+    ("main", ["resnet", "--global_batch_size=abc"], "--global_batch_size=abc: expects an integer"),
+    ("ablate", ["resnet", "--ablate_rounds=0"], "--ablate_rounds=0: at least 1"),
+    ("sweep", ["resnet", "--steps=-1"], "--steps=-1: timed steps per variant per round, >= 0"),
+    ("scale", ["resnet", "--chips=abc"], "--chips=abc: comma-separated integers"),
+]
+
+
+@pytest.mark.parametrize("verb,args,needle", OWN_PROCESS_ONCE,
+                         ids=[v for v, _, _ in OWN_PROCESS_ONCE])
+def test_bad_input_in_a_process_of_its_own(tmp_path, verb, args, needle):
+  assert (verb, args, needle) in CASES and not _own_process(verb, args)
+  out = tmp_path / "out"
+  cwd = tmp_path / "cwd"
+  cwd.mkdir()
+  extra = [f"--output_dir={out}"] if verb != "scale" else []
+  code, stderr = _run(verb, args + extra, str(cwd), str(tmp_path / "cache"))
+  assert code == 2 and "Traceback" not in stderr, stderr[-3000:]
+  errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+  assert len(errors) == 1 and needle in errors[0], stderr[-3000:]
+  assert not out.exists() and os.listdir(cwd) == []

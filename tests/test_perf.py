@@ -35,8 +35,8 @@ def test_baseline_is_meshperf_resnet_same_weights_same_step():
   cfg = handwritten.resnet_config(a, len(devs))
   built = build(cfg, BENCHMARKS["resnet"], devs=devs, with_eval=False)
   program, state = built.program, built.state
-  images, labels = handwritten._synthetic(a)
-  local = {"image": images, "label": labels}
+  local = built.examples[0]          # the synthetic dataset's batch
+  images, labels = local["image"], local["label"]
   base = Baseline(devs, a.depth, a.width, a.num_classes, a.image_size, a.batch,
                   lr=handwritten.baseline_lr(cfg))
   bstate = base.init()

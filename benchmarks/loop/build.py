@@ -59,6 +59,7 @@ class Built:
   plan: Plan
   replicas: int                  # ways each forward pass's batch is split (`check_batches`)
   task: Task
+  examples: tuple                # (train, eval) local batches the steps were compiled for
   program: step_lib.Program
   state: Any                     # the initial state; None when built with init=False
   init: Callable[[], Any]        # materializes the initial state (pretrained weights included)
@@ -66,29 +67,34 @@ class Built:
 
 def build(cfg, entry, *, devs=None, process_index: int = 0, process_count: int = 1,
           shapes_only: bool = False, with_eval: bool = True, eval_device=None,
-          init: bool = True, before_compile: Callable[[Sharder, Plan, Task], None] | None = None
-          ) -> Built:
+          init: bool = True, before_task: Callable[[Sharder, Plan], None] | None = None,
+          before_compile: Callable[[Sharder, Plan, Task], None] | None = None) -> Built:
   """Builds `cfg` of the registered benchmark `entry` (a `benchmarks.registry.Entry`) over all
   (or the given) devices, as process `process_index` of `process_count`.
 
   `shapes_only`: the dataset is described, not read (a compile-only run of a pod's program).
   `with_eval`: compile the eval step too. `eval_device`: where a non-distributed eval runs
   (default: this process's first device). `init`: materialize the initial state (else
-  `Built.state` is None and nothing is placed on the devices). `before_compile(sharder, plan,
-  task)` runs before the (long) compilation: the loop logs its init events there and refuses
-  flags that do not fit the task. Bad input raises UserError before anything compiles."""
+  `Built.state` is None and nothing is placed on the devices). Two hooks: `before_task(sharder,
+  plan)` once the mesh, plan and batch sizes are checked, before the dataset is read (more
+  checks of the flags, a line saying what compiles); `before_compile(sharder, plan, task)` once
+  the task and its example batches are there, right before the (long) compilation (the loop's
+  init events, a clock that times the compilation alone). Bad input raises UserError before
+  anything compiles."""
   sharder, plan = build_sharder(cfg, devs)
   replicas = check_batches(cfg, sharder, plan, process_count)
+  if before_task is not None:
+    before_task(sharder, plan)
   task = entry.build()(cfg, replicas=replicas, process_index=process_index,
                        process_count=process_count, shapes_only=shapes_only)
+  examples = task.data.example_batches()
   if before_compile is not None:
     before_compile(sharder, plan, task)
-  train_example, eval_example = task.data.example_batches()
   program, init_state = step_lib.compile_steps(
-      task, sharder, cfg.seed, train_example, eval_example if with_eval else None,
+      task, sharder, cfg.seed, examples[0], examples[1] if with_eval else None,
       process_count, plan, eval_device=eval_device)
   state = None
   if init:
     program, state = step_lib.with_initial_state(program, task, init_state)
-  return Built(sharder, plan, replicas, task, program, state,
+  return Built(sharder, plan, replicas, task, examples, program, state,
                lambda: step_lib.initial_state(task, sharder, init_state))

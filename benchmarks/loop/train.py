@@ -195,7 +195,6 @@ def _setup(cfg, entry, opts: RunOptions, log: MLPerfLog, say) -> Built:
   """Mesh, plan, task, the init-time MLPerf events and the compiled program (bad input raises
   UserError before anything is trained)."""
   spec = entry.spec
-  check_cadence(cfg, spec)
 
   def init_events(sharder, plan, task):
     observe.check_profile_steps(opts.profile_steps,
@@ -224,7 +223,8 @@ def _setup(cfg, entry, opts: RunOptions, log: MLPerfLog, say) -> Built:
         f"{', '.join(plan.enabled) or 'none'}")
 
   return build(cfg, entry, process_index=jax.process_index(),
-               process_count=jax.process_count(), before_compile=init_events)
+               process_count=jax.process_count(),
+               before_task=lambda *_: check_cadence(cfg, spec), before_compile=init_events)
 
 
 def run(cfg, benchmark: str, opts: RunOptions) -> dict[str, Any]:

@@ -29,19 +29,12 @@ class Prepared:
   name: str
   step: Any                 # (state, batch) -> (state, metrics), compiled
   state: Any
-  batch: Any
+  batch: Any                # the batch it trains on, placed
+  local: dict               # the same batch on the host: {"image", "label"}
   compile_s: float
   cost: dict[str, Any]
   hlo: str
   params: int
-
-
-def _synthetic(a) -> tuple[Any, Any]:
-  import numpy as np
-  rng = np.random.default_rng(a.seed)
-  images = rng.standard_normal((a.batch, a.image_size, a.image_size, 3), np.float32)
-  labels = rng.integers(0, a.num_classes, a.batch).astype(np.int32)
-  return images, labels
 
 
 def resnet_config(a, n: int):
@@ -75,14 +68,15 @@ def prepare_meshperf(a, devs) -> Prepared:
   cfg = resnet_config(a, len(devs))
   built = build(cfg, BENCHMARKS["resnet"], devs=devs, with_eval=False, init=False)
   program, state = built.program, built.init()
-  local, _ = built.task.data.example_batches()    # `synthetic`'s batch: the baseline's
+  local = built.examples[0]              # `synthetic`'s batch, which the baseline trains on too
   batch = step_lib.global_batch(local, program.batch_shardings)
-  return Prepared("meshperf", program.train, state, batch, program.compile_s,
+  return Prepared("meshperf", program.train, state, batch, local, program.compile_s,
                   cost.analyze(program.train), program.train.as_text(),
                   param_count(state["params"]))
 
 
-def prepare_baseline(a, devs, lr) -> Prepared:
+def prepare_baseline(a, devs, lr, local: dict) -> Prepared:
+  """The hand-written step, on the host batch `local` (meshperf's)."""
   import jax
 
   from benchmarks.perf.baseline import (
@@ -92,12 +86,12 @@ def prepare_baseline(a, devs, lr) -> Prepared:
   base = Baseline(devs, a.depth, a.width, a.num_classes, a.image_size, a.batch,
                   cross_replica_bn=a.bn == "cross", lr=lr, seed=a.seed)
   state = base.init()
-  batch = base.shard_batch(*_synthetic(a))
+  batch = base.shard_batch(local["image"], local["label"])
   t0 = time.time()
   compiled = base.lower(state, batch).compile()
   compile_s = time.time() - t0
   params = param_count(jax.tree.map(lambda x: x[0], state[0]))
-  return Prepared("baseline", compiled, state, batch, compile_s, cost.analyze(compiled),
+  return Prepared("baseline", compiled, state, batch, local, compile_s, cost.analyze(compiled),
                   compiled.as_text(), params)
 
 
@@ -139,7 +133,7 @@ def measure_resnet(a, devs, say) -> dict[str, Any]:
   mp = prepare_meshperf(a, devs)
   say(f"    compiled in {mp.compile_s:.1f} s")
   say(f"  {n} device(s): compiling the hand-written baseline")
-  bl = prepare_baseline(a, devs, baseline_lr(resnet_config(a, n)))
+  bl = prepare_baseline(a, devs, baseline_lr(resnet_config(a, n)), mp.local)
   say(f"    compiled in {bl.compile_s:.1f} s")
   if mp.params != bl.params:
     raise AssertionError(f"parameter counts differ: meshperf {mp.params:,}, baseline "

@@ -219,7 +219,7 @@ def time_step(name: str, cfg, steps: int, say) -> dict[str, float]:
   built = build(cfg, registry.BENCHMARKS[name], devs=devs, with_eval=False, init=False,
                 before_compile=lambda *_: start.append(time.process_time()))
   program, state = built.program, built.init()
-  local, _ = built.task.data.example_batches()
+  local = built.examples[0]
   say(f"    step compiled in {program.compile_s:.1f} s "
       f"({time.process_time() - start[0]:.1f} s CPU)")
   batch = step_lib.global_batch(local, program.batch_shardings)

@@ -73,24 +73,27 @@ def compile_facts(benchmark: str, cfg, topology_name: str | None, *, with_eval: 
   spec = entry.spec
   topo = topology.parse(topology_name) if topology_name else None
   devs = topology.devices(topo) if topo else jax.devices()
-  check_cadence(cfg, spec)
   where = topo.describe() if topo else f"{len(devs)} {devs[0].platform} device(s)"
-
   seen = {}
 
-  def compiling(sharder, plan, task):
+  def compiling(sharder, plan):
+    check_cadence(cfg, spec)
     say(f"{benchmark}: compiling for {where}; mesh {dict(sharder.mesh.shape)} layout "
         f"'{sharder.layout}'; optimizations: {', '.join(plan.enabled) or 'none'}")
-    seen.update(sharder=sharder, plan=plan, data=task.data, t0=time.time())
+    seen.update(sharder=sharder, plan=plan)
+
+  def started(sharder, plan, task):     # the clock times the compilation alone
+    seen.update(data=task.data, t0=time.time())
 
   train = evals = refused = None
   try:
     built = build(cfg, entry, devs=devs, shapes_only=True, with_eval=with_eval,
-                  eval_device=devs[0], init=False, before_compile=compiling)
+                  eval_device=devs[0], init=False, before_task=compiling,
+                  before_compile=started)
     train = cost.facts(built.program.train)
     evals = cost.facts(built.program.eval) if with_eval else None
   except Exception as e:
-    if "RESOURCE_EXHAUSTED" not in str(e) or not seen:
+    if "RESOURCE_EXHAUSTED" not in str(e) or "t0" not in seen:
       raise
     # The TPU compiler itself refuses a program that cannot fit in HBM.
     refused = f"the TPU compiler ran out of HBM: {str(e).splitlines()[0]}"
