@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from mesh import hlo
+from mesh import hlo, kernels
 
 KINDS = ("all-reduce", "reduce-scatter", "all-gather", "collective-permute", "all-to-all")
 
@@ -77,6 +77,7 @@ class Collective:
   all_devices: bool = False                 # printed `{}` / absent: one group of every device
   dtype: str = ""                           # element type(s) of the result
   repeat: int = 1                           # runs per step (trip counts of enclosing loops)
+  name: str = ""                            # the instruction's name in the HLO
 
   @property
   def num_groups(self) -> int:
@@ -245,7 +246,7 @@ def collectives(hlo_text: str, num_devices: int | None = None,
       group_size = 2 if is_pairs else (len(groups[0]) if groups else 0)
       dtype = ",".join(sorted({d for d, _ in shapes}))
       out.append(Collective(kind, size, raw, line.strip(), groups, group_size, everyone, dtype,
-                            runs.get(computation, 1)))
+                            runs.get(computation, 1), ins["name"]))
   return out
 
 
@@ -276,10 +277,10 @@ def summary_by_group(colls: list[Collective]) -> list[dict[str, Any]]:
 def ops(colls: list[Collective]) -> tuple[list[dict[str, Any]], list[list[list[int]]]]:
   """JSON-able (ops, group_sets): one dict per collective, groups shared through a table.
 
-  Each op is {kind, bytes, dtype, group_size, num_groups, all_devices, group_set}, where
-  `group_set` indexes `group_sets` (a list of groups, each a list of logical device ids; the
-  (source, target) pairs for collective-permute), so that a pod program's thousands of ids are
-  stored once per distinct grouping.
+  Each op is {kind, bytes, dtype, group_size, num_groups, all_devices, group_set, repeat,
+  name}, where `group_set` indexes `group_sets` (a list of groups, each a list of logical
+  device ids; the (source, target) pairs for collective-permute), so that a pod program's
+  thousands of ids are stored once per distinct grouping.
   """
   index: dict[tuple, int] = {}
   sets: list[list[list[int]]] = []
@@ -290,7 +291,7 @@ def ops(colls: list[Collective]) -> tuple[list[dict[str, Any]], list[list[list[i
       sets.append([list(g) for g in c.groups])
     out.append({"kind": c.kind, "bytes": c.bytes, "dtype": c.dtype, "group_size": c.group_size,
                 "num_groups": c.num_groups, "all_devices": c.all_devices, "group_set": k,
-                "repeat": c.repeat})
+                "repeat": c.repeat, "name": c.name})
   return out, sets
 
 
@@ -336,7 +337,8 @@ def analyze(compiled) -> dict[str, Any]:
   return analyze_facts(facts(compiled))
 
 
-def analyze_facts(f: dict[str, Any], unknown_trips: int | None = None) -> dict[str, Any]:
+def analyze_facts(f: dict[str, Any], unknown_trips: int | None = None,
+                  mxu: int = 128) -> dict[str, Any]:
   """FLOPs, bytes accessed, memory and collectives per device from a compiled program's `facts`.
 
   Keys: flops_per_device, bytes_accessed, optimal_seconds (cost_analysis; None when absent;
@@ -374,4 +376,5 @@ def analyze_facts(f: dict[str, Any], unknown_trips: int | None = None) -> dict[s
       "num_devices": num_devices,
       "ops": op_list,
       "group_sets": group_sets,
+      "program": kernels.steps(text, mxu, parsed, unknown_trips),
   }

@@ -36,6 +36,17 @@ S_ASSUMED = "assumption of this module (no public figure): see the comment at th
 
 
 @dataclasses.dataclass(frozen=True)
+class Calibration:
+  """The step-time model's constants for one generation (`mesh.steptime`): at most three, fitted
+  on measured steps (`./run.sh scale --fit`) or left at their physical defaults."""
+  kernel_overhead_s: float = 0.0     # fixed time of each kernel (launch, pipeline fill)
+  hbm_efficiency: float = 1.0        # achieved fraction of the HBM bandwidth
+  ici_latency_s: float | None = None  # per step of a ring collective (None: the generation's)
+  fitted_on: str = "nothing: the physical figures (no overhead, the full HBM bandwidth)"
+  points: tuple[str, ...] = ()       # the names of the points it was fitted on
+
+
+@dataclasses.dataclass(frozen=True)
 class Generation:
   """One TPU generation: per-chip figures and the shape of its interconnect."""
   name: str                        # as in topology names: "v3" for "v3:4x4"
@@ -51,6 +62,10 @@ class Generation:
   ici_latency_s: float             # per hop / per step of a ring collective (assumed)
   pod_chips: tuple[int, ...]       # the full pod's chip grid
   sources: tuple[str, ...]
+  clock_hz: float | None = None    # TensorCore clock (None: not published); prices the TPU
+                                   # compiler's own per-kernel estimate, in cycles
+  mxu_width: int = 128             # side of the systolic matrix unit (v2-v5: 128 x 128)
+  calibration: Calibration = Calibration()
 
 
 # ICI latency: no generation's per-hop latency is published. 1 us per collective step is
@@ -69,7 +84,8 @@ GENERATIONS: dict[str, Generation] = {
         ici_link_bytes_per_s=100e9 * 496 / 656,
         ici_links_per_chip=4, torus_dims=2, ici_latency_s=_LATENCY,
         pod_chips=(16, 16),                     # 256-chip pod, 2-D torus (Cloud v2 docs)
-        sources=(S_V2, S_JOUPPI20, S_ASSUMED)),
+        sources=(S_V2, S_JOUPPI20, S_ASSUMED),
+        clock_hz=700e6),                        # 700 MHz (Jouppi et al. 2020, Table 3)
     "v3": Generation(
         name="v3", device_kind="TPU v3", cores_per_chip=2, megacore_default=False,
         hbm_bytes_per_chip=32 * GiB,            # 32 GiB per chip = 16 GiB per core (Cloud v3)
@@ -81,7 +97,8 @@ GENERATIONS: dict[str, Generation] = {
         ici_link_bytes_per_s=100e9,
         ici_links_per_chip=4, torus_dims=2, ici_latency_s=_LATENCY,
         pod_chips=(32, 32),                     # 1024 chips, 2-D torus (Cloud v3 docs)
-        sources=(S_V3, S_JOUPPI20, S_KUMAR19, S_SCALING, S_ASSUMED)),
+        sources=(S_V3, S_JOUPPI20, S_KUMAR19, S_SCALING, S_ASSUMED),
+        clock_hz=940e6),                        # 940 MHz (Jouppi et al. 2020, Table 3)
     "v4": Generation(
         # JAX on a v4 VM shows one device per chip (megacore; Cloud v4 docs); libtpu's
         # compile-only topology needs chip_config_name="megacore" for that (mesh/topology.py).
@@ -95,7 +112,8 @@ GENERATIONS: dict[str, Generation] = {
         ici_link_bytes_per_s=24e12 / 512,
         ici_links_per_chip=6, torus_dims=3, ici_latency_s=_LATENCY,
         pod_chips=(16, 16, 16),                 # 4096 chips, 3-D (Cloud v4 docs; v4 paper)
-        sources=(S_V4, S_V4PAPER, S_SCALING, S_ASSUMED)),
+        sources=(S_V4, S_V4PAPER, S_SCALING, S_ASSUMED),
+        clock_hz=1050e6),                       # 1050 MHz (v4 paper, its v3/v4 table)
     "v5e": Generation(
         name="v5e", device_kind="TPU v5 lite", cores_per_chip=1, megacore_default=False,
         hbm_bytes_per_chip=16 * GiB,            # 16 GB (Cloud v5e docs)

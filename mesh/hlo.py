@@ -26,6 +26,8 @@ import re
 from collections import Counter
 from typing import Any
 
+import numpy as np
+
 COMP = re.compile(r"^(?:ENTRY\s+)?%(?P<name>[^\s(]+)\s*\(.*->.*\{\s*$")
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%(?P<name>[^\s=]+)\s*=\s*(?P<tail>.*)$")
 _OPCODE = re.compile(r"\s*(?P<op>[a-z][a-z0-9\-]*)\((?P<args>[^)]*)\)(?P<rest>.*)$")
@@ -175,21 +177,74 @@ def multipliers(hlo_text: str, unknown_trips: int | None = None, parsed=None
   return mult, loops
 
 
+def _window(rest: str, n: int) -> dict[str, list]:
+  """A convolution's `window={size=3x3 stride=2x2 pad=0_1x0_1 lhs_dilate=.. rhs_dilate=..}`
+  as lists of n values (defaults: stride and dilations 1, no padding; size None when absent)."""
+  m = re.search(r"window=\{([^}]*)\}", rest)
+  fields = dict(kv.split("=", 1) for kv in m.group(1).split()) if m else {}
+
+  def ints(key, default):
+    return [int(v) for v in fields[key].split("x")] if key in fields else [default] * n
+  pad = ([tuple(int(x) for x in p.split("_")) for p in fields["pad"].split("x")]
+         if "pad" in fields else [(0, 0)] * n)
+  return {"size": ints("size", None), "stride": ints("stride", 1), "pad": pad,
+          "lhs_dilate": ints("lhs_dilate", 1), "rhs_dilate": ints("rhs_dilate", 1)}
+
+
+def _valid_pairs(in_size: int, out_size: int, size: int, stride: int, pad_lo: int,
+                 lhs_dilate: int, rhs_dilate: int) -> int:
+  """(output position, window position) pairs of one spatial dimension that read the input,
+  not its padding or the holes of a dilated input (XLA's HloCostAnalysis counts these)."""
+  out = np.arange(out_size)
+  last = (in_size - 1) * lhs_dilate
+  pairs = 0
+  for k in range(size):
+    pos = out * stride - pad_lo + k * rhs_dilate
+    pairs += int(np.count_nonzero((pos >= 0) & (pos <= last) & (pos % lhs_dilate == 0)))
+  return pairs
+
+
+def conv_parts(ins: dict[str, str], shapes: dict[str, str]) -> tuple[float, int, int] | None:
+  """(multiply-adds, contracted size per output element, output features) of a convolution,
+  counting only the window positions that read the input; None when its shapes are unknown."""
+  operands = _operands(ins)
+  if len(operands) < 2:
+    return None
+  lhs, rhs, out = (_dims(shapes.get(operands[0], "")), _dims(shapes.get(operands[1], "")),
+                   _dims(ins["shape"]))
+  labels = re.search(r"dim_labels=([^_\s]+)_([^-\s]+)->([^,\s]+)", ins["rest"])
+  if not labels or not lhs or not rhs or not out:
+    return None
+  ll, rl, ol = labels.groups()
+  if len(ll) != len(lhs) or len(rl) != len(rhs) or len(ol) != len(out):
+    return None
+  spatial = sorted(c for c in ll if c.isdigit())
+  win = _window(ins["rest"], len(spatial))
+  pairs = 1
+  for d, c in enumerate(spatial):
+    size = win["size"][d] if win["size"][d] is not None else rhs[rl.index(c)]
+    pairs *= _valid_pairs(lhs[ll.index(c)], out[ol.index(c)], size, win["stride"][d],
+                          win["pad"][d][0], win["lhs_dilate"][d], win["rhs_dilate"][d])
+  features_in = rhs[rl.index("i")]
+  batch, features_out = out[ol.index("b")], out[ol.index("f")]
+  macs = float(batch * features_out * features_in * pairs)
+  contracted = macs / (batch * features_out * math.prod(out[ol.index(c)] for c in spatial))
+  return macs, max(1, round(contracted)), features_out
+
+
 def _flops(ins: dict[str, str], shapes: dict[str, str]) -> float:
-  """2 x output elements x contracted elements of a dot or convolution (0 for other ops)."""
+  """2 x multiply-adds of a dot (output elements x contracted elements) or a convolution
+  (`conv_parts`: padding and dilation holes not counted); 0 for other ops."""
   out = math.prod(_dims(ins["shape"]))
-  operands = [a.strip().lstrip("%") for a in ins["args"].split(",")]
+  operands = _operands(ins)
   if ins["op"] == "dot":
     lhs = _dims(shapes.get(operands[0], ""))
     m = re.search(r"lhs_contracting_dims=\{([0-9,]*)\}", ins["rest"])
     contracted = [lhs[int(i)] for i in m.group(1).split(",") if i] if m and lhs else []
     return 2.0 * out * math.prod(contracted)
-  if ins["op"] == "convolution" and len(operands) > 1:
-    kernel = _dims(shapes.get(operands[1], ""))
-    labels = re.search(r"dim_labels=[^_]+_([^-]+)->", ins["rest"])
-    if not kernel or not labels or len(labels.group(1)) != len(kernel):
-      return 0.0
-    return 2.0 * out * math.prod(d for d, lab in zip(kernel, labels.group(1)) if lab != "o")
+  if ins["op"] == "convolution":
+    parts = conv_parts(ins, shapes)
+    return 2.0 * parts[0] if parts else 0.0
   return 0.0
 
 

@@ -58,12 +58,13 @@ Your Model, ch. 3 (collective costs on TPU tori).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Any, Sequence
 
-from mesh import hardware
+from mesh import hardware, kernels
 
-OVERLAPS = ("none", "full")
+OVERLAPS = ("schedule", "none", "full")
 
 
 def _pad(values, n, fill):
@@ -223,43 +224,133 @@ def _price_permute(nbytes, pairs, coords, chips, wrap, link, alpha, chip_bw) -> 
   return {"seconds": 0.0, "rings": [], "algorithm": "collective-permute: no exchange"}
 
 
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+  """What the model reads of one compiled program on one slice, priced once: the program's
+  schedule and its collectives at ICI latencies 0 and 1 s per step (a collective's time is
+  linear in the latency), so that calibrations are evaluated without pricing again."""
+  gen: hardware.Generation
+  megacore: bool
+  chips: tuple[int, ...]
+  wraparound: tuple[bool, ...]
+  program: dict[str, Any]
+  totals_only: bool                      # no HLO program: one kernel of all FLOPs and bytes
+  collectives: tuple[dict[str, Any], ...]   # priced at latency 0, with "per_alpha" seconds
+
+
+def prepare(cost: dict[str, Any], gen: hardware.Generation, megacore: bool,
+            device_coords: Sequence[Sequence[int]], chips: Sequence[int],
+            wraparound: Sequence[bool] | None = None) -> Prepared:
+  """The model's reading of a program from its `mesh.cost.analyze()` dict (see `model`)."""
+  chips = tuple(chips)
+  if wraparound is None:
+    wraparound = hardware.wraparound(gen, chips)
+  wraparound = tuple(bool(w) for w in wraparound)
+  at0 = price_collectives(cost, dataclasses.replace(gen, ici_latency_s=0.0), device_coords,
+                          chips, wraparound)
+  at1 = price_collectives(cost, dataclasses.replace(gen, ici_latency_s=1.0), device_coords,
+                          chips, wraparound)
+  priced = tuple({**a, "per_alpha": b["seconds"] - a["seconds"]} for a, b in zip(at0, at1))
+  program = cost.get("program")
+  return Prepared(gen, megacore, chips, wraparound, program or _one_kernel(cost),
+                  program is None, priced)
+
+
 def model(cost: dict[str, Any], gen: hardware.Generation, megacore: bool,
           device_coords: Sequence[Sequence[int]], chips: Sequence[int],
-          wraparound: Sequence[bool] | None = None, overlap: str = "none") -> dict[str, Any]:
+          wraparound: Sequence[bool] | None = None, overlap: str = "schedule",
+          calibration: hardware.Calibration | None = None) -> dict[str, Any]:
   """Modelled step time of a program from its `mesh.cost.analyze()` dict (see module doc).
 
   device_coords[i] = (x, y, z, core) of logical device i (position i of the mesh's devices);
   chips = the slice's chip grid, e.g. (32, 32) or (4, 4, 8); wraparound = whether each grid
-  dimension wraps (default `hardware.wraparound(gen, chips)`).
+  dimension wraps (default `hardware.wraparound(gen, chips)`); calibration = the model's
+  constants (default: the generation's, `gen.calibration`). `overlap` picks which of the three
+  readings is `step_s`: "schedule" (the compiled schedule's), "none" or "full" (the bounds).
   """
+  return evaluate(prepare(cost, gen, megacore, device_coords, chips, wraparound), overlap,
+                  calibration)
+
+
+def evaluate(p: Prepared, overlap: str = "schedule",
+             calibration: hardware.Calibration | None = None) -> dict[str, Any]:
+  """The model (`model`) of a prepared program under a calibration."""
   if overlap not in OVERLAPS:
     raise ValueError(f"overlap={overlap!r}: expected one of {OVERLAPS}")
-  if wraparound is None:
-    wraparound = hardware.wraparound(gen, tuple(chips))
-  dev = hardware.per_device(gen, megacore)
-  assumptions = [
+  gen = p.gen
+  cal = calibration or gen.calibration
+  alpha = gen.ici_latency_s if cal.ici_latency_s is None else cal.ici_latency_s
+  dev = hardware.per_device(gen, p.megacore)
+  priced = [{k: v for k, v in c.items() if k != "per_alpha"}
+            | {"seconds": c["seconds"] + alpha * c["per_alpha"]} for c in p.collectives]
+  rates = Rates(dev["peak_flops"], dev["hbm_bytes_per_s"] * cal.hbm_efficiency,
+                cal.kernel_overhead_s)
+  seconds = {c["name"]: c["seconds"] / max(c["repeat"], 1) for c in priced}
+  run = simulate(p.program, rates, seconds)
+  collective_s = sum(c["seconds"] for c in priced)
+  kernel_s = run["kernel_s"]
+  bounds = {"none": kernel_s + collective_s, "full": max(kernel_s, collective_s),
+            "schedule": run["step_s"]}
+  clock = gen.clock_hz
+  return {
+      "compute_s": run["mxu_s"],
+      "memory_s": run["hbm_s"],
+      "overhead_s": run["overhead_s"],
+      "kernel_s": kernel_s,
+      "kernels": run["kernels"],
+      "bound_s": kernel_s,
+      "bound": "compute" if run["mxu_bound_s"] >= kernel_s - run["mxu_bound_s"] else "memory",
+      "collectives": priced,
+      "collective_s": collective_s,
+      "exposed_collective_s": run["step_s"] - kernel_s,
+      "overlap": overlap,
+      "bounds": bounds,
+      "step_s": bounds[overlap],
+      "compiler_estimate_s": (run["cycles"] / clock if clock and run["cycles"] else None),
+      "top_kernels": run["top"],
+      "calibration": dataclasses.asdict(cal) | {"ici_latency_s": alpha},
+      "assumptions": _assumptions(gen, dev, cal, alpha, p.chips, p.wraparound, p.megacore,
+                                  overlap, p.totals_only),
+  }
+
+
+def _assumptions(gen, dev, cal, alpha, chips, wraparound, megacore, overlap, totals):
+  return [
       f"{gen.name}: peak {dev['peak_flops'] / 1e12:.1f} TFLOP/s and HBM "
       f"{dev['hbm_bytes_per_s'] / 1e9:.0f} GB/s per device ({'chip' if megacore else 'core'}); "
-      f"ICI {gen.ici_link_bytes_per_s / 1e9:.1f} GB/s per link per direction, "
-      f"{gen.ici_latency_s * 1e6:.1f} us per step (hardware.py cites each)",
+      f"ICI {gen.ici_link_bytes_per_s / 1e9:.1f} GB/s per link per direction (hardware.py "
+      f"cites each)",
+      f"calibration ({cal.fitted_on}): {cal.kernel_overhead_s * 1e6:.2f} us per kernel, "
+      f"{cal.hbm_efficiency:.0%} of the HBM bandwidth, {alpha * 1e6:.2f} us per ICI step",
       f"chip grid {tuple(chips)}, wraparound {tuple(bool(w) for w in wraparound)}",
-      "compute and HBM traffic overlap perfectly (roofline: the larger bounds the step)",
-      "collectives run one after another; groups of one op run concurrently on disjoint links",
+      ("no kernel list (no HLO): the whole program priced as one kernel, max(FLOPs at peak, "
+       "bytes at the HBM bandwidth)") if totals else
+      ("each kernel takes max(its matrix-unit FLOPs at peak, its HBM bytes at the achieved "
+       "bandwidth) plus the per-kernel overhead; kernels run one at a time"),
+      "collectives on one chip's links run one after another; groups of one op concurrently",
       "on-chip exchanges between TensorCores at the chip's HBM bandwidth, no latency",
+      {"schedule": "a synchronous collective stops the kernels; an asynchronous one (-start / "
+                   "-done) runs beside the kernels the schedule put between them",
+       "none": "overlap none: every collective after the kernels (upper bound)",
+       "full": "overlap full: collectives hidden behind the kernels (lower bound)"}[overlap],
   ]
-  flops = cost.get("flops_per_device")
-  accessed = cost.get("bytes_accessed")
-  if flops is None:
-    assumptions.append("no FLOP count in the cost analysis: compute_s = 0")
-  if accessed is None:
-    assumptions.append("no bytes-accessed figure in the cost analysis: memory_s = 0")
-  compute_s = (flops or 0.0) / dev["peak_flops"]
-  memory_s = (accessed or 0.0) / dev["hbm_bytes_per_s"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Rates:
+  """What one device does per second, and the fixed cost of a kernel."""
+  flops: float
+  hbm_bytes: float
+  kernel_overhead_s: float
+
+
+def price_collectives(cost, gen, device_coords, chips, wraparound) -> list[dict[str, Any]]:
+  """Every collective of `cost["ops"]` priced (`price`), times its runs per step."""
   sets = cost.get("group_sets", [])
   everyone = [list(range(len(device_coords)))]
   geos: dict[Any, list[dict[str, Any]]] = {}
   priced = []
-  for op in cost.get("ops", []):
+  for i, op in enumerate(cost.get("ops", [])):
     key = op.get("group_set")
     groups = sets[key] if key is not None else op.get("groups", [])
     if not groups and op.get("all_devices"):
@@ -268,25 +359,125 @@ def model(cost: dict[str, Any], gen: hardware.Generation, megacore: bool,
       geos[key] = geometries(groups, device_coords, chips, wraparound)
     got = price(op, groups, gen, device_coords, chips, wraparound, geos.get(key))
     repeat = op.get("repeat", 1)              # an op inside a loop runs once per trip
-    got = {**got, "seconds": got["seconds"] * repeat}
     priced.append({"kind": op["kind"], "bytes": op["bytes"], "group_size": op["group_size"],
-                   "num_groups": op["num_groups"], "repeat": repeat, **got})
-  collective_s = sum(p["seconds"] for p in priced)
-  bound_s = max(compute_s, memory_s)
-  if overlap == "none":
-    step_s = bound_s + collective_s
-    assumptions.append("overlap none: collectives after compute (upper bound)")
-  else:
-    step_s = max(bound_s, collective_s)
-    assumptions.append("overlap full: collectives hidden behind compute (lower bound)")
-  return {
-      "compute_s": compute_s,
-      "memory_s": memory_s,
-      "bound_s": bound_s,
-      "bound": "compute" if compute_s >= memory_s else "memory",
-      "collectives": priced,
-      "collective_s": collective_s,
-      "overlap": overlap,
-      "step_s": step_s,
-      "assumptions": assumptions,
-  }
+                   "num_groups": op["num_groups"], "repeat": repeat, "name": _name(op, i),
+                   **got, "seconds": got["seconds"] * repeat})
+  return priced
+
+
+def _one_kernel(cost: dict[str, Any]) -> dict[str, Any]:
+  """A program of one kernel holding all of `cost`'s FLOPs and bytes, then its collectives
+  (for a cost without an HLO program)."""
+  flops = cost.get("flops_per_device") or 0.0
+  k = kernels.Kernel("program", "program", flops, flops, cost.get("bytes_accessed") or 0.0, None)
+  seq = [{"kind": "kernel", "kernel": dataclasses.asdict(k)}] + [
+      {"kind": "collective", "name": _name(op, i), "op": op["kind"]}
+      for i, op in enumerate(cost.get("ops", []))]
+  return {"entry": "main", "computations": {"main": seq}}
+
+
+def _name(op: dict[str, Any], i: int) -> str:
+  """A collective's name in the program: its instruction's, or its position in `ops`."""
+  return op.get("name") or f"op{i}"
+
+
+def _kernel_time(k: dict[str, Any], rates: Rates) -> tuple[float, float, float]:
+  """(seconds, matrix-unit seconds, HBM seconds) of one kernel (`mesh.kernels.Kernel`'s
+  fields)."""
+  mxu = k["mxu_flops"] / rates.flops
+  hbm = k["bytes"] / rates.hbm_bytes
+  return max(mxu, hbm) + rates.kernel_overhead_s, mxu, hbm
+
+
+def simulate(program: dict[str, Any], rates: Rates, seconds: dict[str, float],
+             top: int = 12) -> dict[str, Any]:
+  """Runs the program's schedule (`mesh.kernels.steps`) on one device: kernels one after
+  another; a synchronous collective waits for the device and the device for it; an
+  asynchronous one starts when the device reaches its -start (and the links are free) and
+  the device waits at its -done for what is left. `seconds`: each collective's time by name."""
+  comps = program["computations"]
+  totals = {"mxu_s": 0.0, "hbm_s": 0.0, "overhead_s": 0.0, "kernel_s": 0.0, "mxu_bound_s": 0.0,
+            "cycles": 0.0, "kernels": 0.0}
+  per_kernel: dict[str, list] = {}
+
+  def run(name: str, times: float) -> float:
+    if name not in comps:
+      return 0.0
+    t = links = 0.0
+    pending: dict[str, float] = {}
+    for step in comps[name]:
+      kind = step["kind"]
+      if kind == "kernel":
+        k = step["kernel"]
+        dt, mxu, hbm = _kernel_time(k, rates)
+        t += dt
+        totals["mxu_s"] += times * mxu
+        totals["hbm_s"] += times * hbm
+        totals["overhead_s"] += times * rates.kernel_overhead_s
+        totals["kernel_s"] += times * dt
+        totals["mxu_bound_s"] += times * dt if mxu >= hbm else 0.0
+        totals["cycles"] += times * (k["cycles"] or 0)
+        totals["kernels"] += times
+        row = per_kernel.setdefault(k["name"], [k, 0.0, 0.0])
+        row[1] += times * dt
+        row[2] += times
+      elif kind in ("collective", "start"):
+        begin = max(t, links)
+        links = begin + seconds.get(step["name"], 0.0)
+        if kind == "collective":
+          t = links
+        else:
+          pending[step["name"]] = links
+      elif kind == "done":
+        t = max(t, pending.pop(step["start"], t))
+      elif kind == "loop":
+        n = step["trips"] if step["trips"] is not None else (step["assumed"] or 1)
+        body = run(step["body"], times * n) if step["body"] else 0.0
+        cond = run(step["condition"], times * (n + 1)) if step["condition"] else 0.0
+        t = max(t, links) + n * body + (n + 1) * cond
+        links = t
+      elif kind == "call":
+        parts = [run(c, times) for c in step["computations"]]
+        t = max(t, links) + (max(parts, default=0.0) if step["branches"] else sum(parts))
+        links = t
+    return max([t, links] + list(pending.values()))
+
+  step_s = run(program["entry"], 1.0)
+  ranked = sorted(per_kernel.values(), key=lambda r: -r[1])[:top]
+  totals["top"] = [{**k, "runs": n, "seconds": s} for k, s, n in ranked]
+  totals["step_s"] = step_s
+  return totals
+
+
+# Where `fit` searches each constant: a kernel's fixed time, the achieved fraction of the HBM
+# bandwidth, an ICI step's latency (all three physical: no per-benchmark factor).
+FIT_RANGES = {"kernel_overhead_s": (0.0, 10e-6), "hbm_efficiency": (0.3, 1.0),
+              "ici_latency_s": (0.0, 20e-6)}
+
+
+def fit(pairs: Sequence[tuple[Prepared, float]], label: str = "", points: Sequence[str] = (),
+        grid: int = 7, rounds: int = 4) -> hardware.Calibration:
+  """The calibration whose modelled steps of the prepared programs are closest to the measured
+  `(prepared, seconds)` pairs: least mean absolute percentage error, by a grid search over
+  FIT_RANGES refined `rounds` times around the best point (`grid` values per constant)."""
+  ranges = dict(FIT_RANGES)
+  names = list(ranges)
+
+  def error(values) -> float:
+    cal = hardware.Calibration(**dict(zip(names, values)))
+    return sum(abs(evaluate(p, "schedule", cal)["step_s"] / m - 1) for p, m in pairs) / len(pairs)
+
+  best = None
+  for _ in range(rounds):
+    axes = [[lo + (hi - lo) * i / (grid - 1) for i in range(grid)] for lo, hi in ranges.values()]
+    for values in itertools.product(*axes):
+      e = error(values)
+      if best is None or e < best[0]:
+        best = (e, values)
+    for name, v, (lo, hi) in zip(names, best[1], list(ranges.values())):
+      half = (hi - lo) / (grid - 1)
+      full = FIT_RANGES[name]
+      ranges[name] = (max(full[0], v - half), min(full[1], v + half))
+  values = dict(zip(names, best[1]))
+  return hardware.Calibration(**values, points=tuple(points),
+                              fitted_on=f"{label or len(pairs)} (MAPE {100 * best[0]:.1f}%)")

@@ -130,6 +130,15 @@ def inputs(tmp_path_factory, coco, imagenet_dir):
   (root / "sweep" / "sweep.jsonl").write_text(json.dumps({"sweep": {
       "benchmark": "resnet", "depth": "throughput", "steps": 7, "rounds": 3}}) + "\n")
   d["other_sweep"] = str(root / "sweep")
+  # Points files for `./run.sh scale --points`, each with one defect.
+  point = {"name": "p", "benchmark": "resnet", "preset": "tpu-v3-2048", "topology": "v3:4x4",
+           "mesh": "x:8,y:4", "global_batch_size": 4096, "train_steps": 10}
+  for name, change in (("bert", {"benchmark": "bert"}), ("topology", {"topology": "v9:4x4"}),
+                       ("batch", {"global_batch_size": 100}), ("mesh", {"mesh": "x:8,y:8"}),
+                       ("steps", {"train_steps": None}), ("field", {"overrides": {"bogus": 1}})):
+    bad = {k: v for k, v in {**point, **change}.items() if v is not None}
+    (root / f"points_{name}.json").write_text(json.dumps({"points": [bad]}))
+    d[f"points_{name}"] = str(root / f"points_{name}.json")
   yield d
   if os.geteuid() != 0:
     os.chmod(d["unwritable"], 0o700)
@@ -226,11 +235,23 @@ CASES = [
     ("ablate", ["--ablate_steps=1"], "name a benchmark: run.sh ablate <benchmark>"),
     ("scale", ["resnet", "--no_such_flag=1"], "Unknown command line flag 'no_such_flag'"),
     ("scale", ["resnet", "--chips=abc"], "--chips=abc: comma-separated integers"),
-    ("scale", ["resnet", "--chips=17"], "--chips=17: Google's v0.6 TPU-v3 results are for 16"),
+    ("scale", ["resnet", "--chips=17"], "--chips=17: the points of resnet are on 16, 64, 128"),
     ("scale", ["resnet", "--refresh=maybe"], "--refresh=maybe: expects true or false"),
-    ("scale", ["resnet", "--overlap=partial"], "--overlap=partial: expects one of <none|full>"),
-    ("scale", ["lm"], "scale lm: no MLPerf v0.6 TPU result to compare with"),
+    ("scale", ["resnet", "--overlap=partial"],
+     "--overlap=partial: expects one of <schedule|none|full>"),
+    ("scale", ["lm"], "scale lm: the points file has no lm point; choose one of resnet, ssd"),
     ("scale", [], "name a benchmark: run.sh scale <benchmark>"),
+    ("scale", ["all", "--points={root}/missing.json"], "--points={root}/missing.json: no such"),
+    ("scale", ["all", "--points={text_file}"], "--points={text_file}: not JSON (Expecting value"),
+    ("scale", ["all", "--points={points_bert}"], "point p: unknown benchmark 'bert'"),
+    ("scale", ["all", "--points={points_topology}"], "point p: --topology=v9:4x4: expected"),
+    ("scale", ["all", "--points={points_batch}"],
+     "point p: global_batch_size 100 is not divisible by the 32 ways its layout splits the batch"),
+    ("scale", ["all", "--points={points_mesh}"],
+     "point p: on v3:4x4 (TPU v3 slice 4x4: 16 chips, 32 devices (cores)): mesh"),
+    ("scale", ["all", "--points={points_steps}"], "missing train_steps (a point needs"),
+    ("scale", ["all", "--points={points_field}"], "point p: unknown config field(s) bogus"),
+    ("scale", ["all", "--fit", "--fit_on=2048"], "--fit_on=2048: no chosen point has these"),
     ("scale", ["ssd", "--chips=16", "--output_dir={text_file}"],
      "--output_dir={text_file} is a file"),
     ("scale", ["transformer", "--chips=16", "--plot={unwritable}/scale.png"],

@@ -133,7 +133,7 @@ def test_summary_by_group_and_ops():
   first = op_list[0]
   assert first == {"kind": "all-reduce", "bytes": 1024 * 4 + 16 * 16 * 2, "dtype": "bf16,f32",
                    "group_size": 4, "num_groups": 1, "all_devices": False, "group_set": 0,
-                   "repeat": 1}
+                   "repeat": 1, "name": "ars"}
   assert sets[first["group_set"]] == [[0, 1, 2, 3]]
   assert sets[op_list[-1]["group_set"]] == [[0, 1, 2, 3], [4, 5, 6, 7]]
   json.dumps({"ops": op_list, "sets": sets})
@@ -277,7 +277,8 @@ def test_loops_count_their_trips():
   assert a["loops"] == [{"body": a["loops"][0]["body"], "trips": 10, "runs": 1,
                          "assumed": None}]
   assert a["collectives"]["all-reduce"] == {"count": 10, "bytes": 10 * 64 * 128 * 4}
-  # Nested loops multiply; a convolution counts 2 x output x kernel (less output features).
+  # Nested loops multiply; a convolution counts 2 x output elements x the input features and
+  # window positions each one reads.
   img, k = jnp.ones((2, 16, 16, 4)), jnp.ones((3, 3, 4, 8))
 
   def conv(a):
@@ -289,7 +290,8 @@ def test_loops_count_their_trips():
   text = jax.jit(conv).lower(0.0).compile().as_text()
   runs, loops = hlo.multipliers(text)
   assert sorted((lp["trips"], lp["runs"]) for lp in loops) == [(3, 1), (4, 3)]
-  assert hlo.loop_flops(text)["extra_flops"] == 11 * 2 * (2 * 16 * 16 * 8) * (3 * 3 * 4)
+  # Only window positions on the image count: 16 x 3 - 2 = 46 per dimension of a 3x3 SAME.
+  assert hlo.loop_flops(text)["extra_flops"] == 11 * 2 * (2 * 8 * 4) * (46 * 46)
 
 
 def test_a_loop_that_ends_on_a_condition_runs_the_bound_it_is_given():

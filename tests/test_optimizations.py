@@ -15,7 +15,7 @@ import pytest
 import optimizations
 from benchmarks.loop import outputs, train
 from benchmarks.loop import step as step_lib
-from benchmarks.pod.scale_points import POINTS
+from benchmarks.pod import points
 from benchmarks.registry import BENCHMARKS
 from benchmarks.resnet import suite
 from mesh import cost, devices, sharding
@@ -23,6 +23,8 @@ from mesh.errors import UserError
 from mesh.spec import parse_layout, parse_mesh
 from optimizations.weight_update_sharding import ShardedUpdate
 from tests import helpers
+
+POINTS = points.load()
 
 # --- choosing optimizations -------------------------------------------------------------------
 
@@ -240,9 +242,8 @@ def test_every_preset_ablation_and_scale_point_is_applicable():
     mod = entry.config()
     runs = [(f"--config={p}", c.optimizations) for p, c in mod.PRESETS.items()]
     runs += [(f"ablation {row[0]}", row[3]) for row in mod.ABLATIONS]
-    preset = mod.PRESETS.get("tpu-v3-2048")
-    runs += [(f"scale point {chips}", pt.overrides.get("optimizations", preset.optimizations))
-             for chips, pt in POINTS.get(name, {}).items()]
+    runs += [(f"scale point {pt.name}", points.config(pt).optimizations) for pt in POINTS
+             if pt.benchmark == name]
     for what, opts in runs:
       try:
         _applies(opts, name)

@@ -1,87 +1,91 @@
-"""`./run.sh scale`: Google's v0.6 points as data, their configs, the cache and the verb's output.
+"""`./run.sh scale`: the points file, its configs, the cache and the verb's output.
 
-No full-size compile here: the verb runs with a stand-in for compile_only.analyze.
+No full-size compile here: the verb runs with a stand-in for compiling, whose programs are
+priced by the real step-time model.
 """
 
+import dataclasses
 import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 
-from benchmarks.pod import compile_cache, scale
-from benchmarks.pod.scale_points import CHIPS, POINTS, TOPOLOGIES
+from benchmarks.pod import compile_cache, points, scale
+from mesh import hardware, steptime
 from mesh.spec import parse_layout, parse_mesh
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 # MLPerf Training v0.6 results, Google's TPU-v3 closed-division entries (olympic means, minutes;
-# mlcommons/training_results_v0.6), written here independently of benchmarks/pod/scale_points.py.
+# mlcommons/training_results_v0.6), written here independently of the points file.
 PUBLISHED = {
     "resnet": (42.19, 11.22, 6.86, 3.85, 2.30, 1.28),
     "ssd": (12.61, 3.89, 2.76, 1.79, 1.34, 1.21),
     "transformer": (10.20, 3.85, 2.81, 1.58, 1.05, 0.85),
 }
-ALL = [p for pts in POINTS.values() for p in pts.values()]
-ids = [f"{p.benchmark}-{p.chips}" for p in ALL]
+CHIPS = (16, 64, 128, 256, 512, 1024)
+TOPOLOGIES = {16: "v3:4x4", 64: "v3:8x8", 128: "v3:8x16", 256: "v3:16x16", 512: "v3:16x32",
+              1024: "v3:32x32"}
+ALL = points.load()
+ids = [p.name for p in ALL]
 
 
 def test_the_18_published_figures():
-  assert set(POINTS) == set(PUBLISHED)
-  for name, minutes in PUBLISHED.items():
-    assert tuple(POINTS[name]) == CHIPS
-    assert tuple(POINTS[name][c].published_minutes for c in CHIPS) == minutes
   assert len(ALL) == 18
+  for name, minutes in PUBLISHED.items():
+    mine = [p for p in ALL if p.benchmark == name]
+    assert tuple(p.chips for p in mine) == CHIPS
+    assert tuple(p.published_minutes for p in mine) == minutes
 
 
 @pytest.mark.parametrize("point", ALL, ids=ids)
 def test_point_config_validates_and_its_batches_divide_its_mesh(point):
-  cfg = scale.point_config(point)
-  scale.validate(point, cfg)
+  cfg = points.config(point)
   mesh = parse_mesh(cfg.mesh)
   layout = parse_layout(cfg.layout)
   layout.check_against(mesh)
-  a, b = (int(n) for n in point.topology.split(":")[1].split("x"))
-  assert TOPOLOGIES[point.chips] == point.topology and a * b == point.chips
-  assert mesh.size == point.cores == 2 * point.chips          # one device per v3 TensorCore
+  assert TOPOLOGIES[point.chips] == point.topology
+  assert mesh.size == 2 * point.chips                   # one device per v3 TensorCore
   replicas = math.prod(mesh.axis_size(ax) for ax in layout.axes_for("batch"))
-  assert replicas * point.spatial_cores == point.cores
-  assert cfg.global_batch_size == point.global_batch_size
+  spatial = math.prod(point.facts["run_and_time"].get("input_partition_dims") or [1])
+  assert replicas * spatial == 2 * point.chips
+  assert cfg.global_batch_size == point.facts["hparams"]["global_batch_size"]
   for batch in (cfg.global_batch_size, cfg.eval_batch_size):
     assert batch % replicas == 0, (batch, replicas)
-  if point.spatial_cores > 1:
-    assert mesh.axis_size("spatial") == point.spatial_cores
+  if spatial > 1:
+    assert mesh.axis_size("spatial") == spatial
     assert "spatial_partitioning" in cfg.optimizations
-  if point.bn_span:
-    assert cfg.bn_span == point.bn_span
+  if point.benchmark != "transformer":
+    assert cfg.bn_span == point.facts["hparams"]["model_bn_span"]
 
 
 @pytest.mark.parametrize("point", ALL, ids=ids)
 def test_point_figures_hang_together(point):
-  assert point.logs >= len(point.epochs_per_log) > 0
-  assert point.converged_epochs == pytest.approx(
-      sum(point.epochs_per_log) / len(point.epochs_per_log))
+  f = point.facts
+  assert f["logs"] >= len(f["epochs_per_log"]) > 0
+  assert f["converged_epochs"] == pytest.approx(
+      sum(f["epochs_per_log"]) / len(f["epochs_per_log"]), abs=1e-4)
   assert point.train_steps > 0 and point.evaluations >= 1
-  cfg = scale.point_config(point)
+  cfg = points.config(point)
   if point.benchmark == "resnet":             # every 4 epochs, the converged one included
-    assert point.evaluations == pytest.approx(point.converged_epochs / 4)
+    assert point.evaluations == pytest.approx(f["converged_epochs"] / 4)
     assert cfg.max_epochs % cfg.eval_every == 0
   if point.benchmark == "ssd":                # the listed epochs and the last
     assert len(cfg.eval_epochs) + 1 == point.evaluations
-  if point.benchmark == "transformer":        # every epoch
-    assert point.evaluations == point.converged_epochs
+  if point.benchmark == "transformer":        # every epoch; decoding to 97 + 50 tokens
+    assert point.evaluations == pytest.approx(f["converged_epochs"])
+    assert (cfg.max_eval_length, cfg.max_decode_length) == (97, 147)
+  # A measured train step is what the model is compared with; the host terms are measured too.
+  m = point.measured
+  assert 0 < m["train_step_ms"] <= m["loop_step_ms"]
+  assert point.host == {"startup_s": m["startup_s"], "final_scoring_s": m["tail_s"]}
   assert all(s.startswith("https://github.com/mlcommons/training_results_v0.6/")
              for s in point.source)
 
 
 def test_cache_key_changes_with_config_topology_and_compiler():
-  p = POINTS["resnet"][16]
-  cfg = scale.point_config(p)
+  p = ALL[0]
+  cfg = points.config(p)
   key = compile_cache.cache_key("resnet", cfg, p.topology, True, "code")
-  assert key == compile_cache.cache_key("resnet", scale.point_config(p), p.topology, True, "code")
-  import dataclasses
+  assert key == compile_cache.cache_key("resnet", points.config(p), p.topology, True, "code")
   others = [
       compile_cache.cache_key("resnet", dataclasses.replace(cfg, global_batch_size=8192),
                               p.topology, True, "code"),
@@ -107,16 +111,17 @@ def test_cached_code_is_checked_file_by_file(tmp_path):
   (tmp_path / "benchmarks/b.py").unlink()
   assert compile_cache.stale(code, str(tmp_path)) == ["mesh/a.py", "benchmarks/b.py"]
   # Declarations and readers of compiled programs are not what a program compiles from.
-  (tmp_path / "mesh/steptime.py").write_text("x = 1\n")
-  code = compile_cache.file_hashes(["mesh/steptime.py", "mesh/a.py"], str(tmp_path))
-  (tmp_path / "mesh/steptime.py").write_text("x = 2\n")
-  assert compile_cache.stale(code, str(tmp_path)) == []
+  for reader in ("mesh/steptime.py", "mesh/kernels.py"):
+    (tmp_path / reader).write_text("x = 1\n")
+    code = compile_cache.file_hashes([reader, "mesh/a.py"], str(tmp_path))
+    (tmp_path / reader).write_text("x = 2\n")
+    assert compile_cache.stale(code, str(tmp_path)) == []
 
 
 def test_loaded_code_is_the_compile_path_not_the_point_tables():
   loaded = compile_cache.loaded_code()
   assert "pyproject.toml" in loaded and "mesh/spec.py" in loaded
-  assert "benchmarks/pod/scale.py" not in loaded and "benchmarks/pod/scale_points.py" not in loaded
+  assert "benchmarks/pod/scale.py" not in loaded and "benchmarks/pod/points.py" not in loaded
   # What reads compiled programs is not what compiles them: the model can change, cached.
   assert "mesh/steptime.py" not in loaded and "mesh/cost.py" not in loaded
   assert "benchmarks/task.py" not in loaded and "benchmarks/resnet/config.py" not in loaded
@@ -124,60 +129,94 @@ def test_loaded_code_is_the_compile_path_not_the_point_tables():
              for rel in loaded if rel != "pyproject.toml")
 
 
-def _fake_summary(step_s=0.1, eval_step_s=0.5, eval_steps=4):
-  return {"prediction": {"step_s": step_s, "eval_step_s": eval_step_s,
-                         "eval_steps": eval_steps, "minutes": 1.0},
-          "fits": True, "train": {}, "eval": {}}
+V3 = hardware.GENERATIONS["v3"]
 
 
-def test_prediction_times_googles_steps_and_evaluations():
-  p = POINTS["ssd"][16]
-  got = scale.predict(p, _fake_summary())
-  want = (p.train_steps * 0.1 + p.evaluations * 4 * 0.5) / 60
-  assert got["minutes"] == pytest.approx(want)
-  assert got["ratio"] == pytest.approx(want / p.published_minutes)
-  assert got["within_30pct"] == (abs(want / p.published_minutes - 1) <= 0.3)
+def _program(flops: float, nbytes: float):
+  """A stand-in compiled step: a cost without HLO (one kernel of these FLOPs and bytes) on one
+  core of a v3 chip, prepared for the model."""
+  cost = {"flops_per_device": flops, "bytes_accessed": nbytes, "ops": [], "group_sets": []}
+  return cost, steptime.prepare(cost, V3, False, [(0, 0, 0, 0)], (1, 1))
 
 
-def test_the_verb_writes_table_json_plot(tmp_path):
-  points = scale.select("transformer", [16, 64])
-  calls, said = [], []
+def _stand_in(step_ms: float, eval_step_ms: float, eval_steps: int = 4):
+  """`scale.run`'s `compiled`: HBM-bound programs of the given times at the full bandwidth."""
+  dev = hardware.per_device(V3, megacore=False)
+  calls = []
 
-  def analyze(benchmark, cfg, topology, *, with_eval, say, cache_dir, refresh, overlap):
-    calls.append((benchmark, cfg.global_batch_size, cfg.mesh, topology, with_eval, cache_dir,
-                  refresh))
-    return _fake_summary()
+  def compiled(point, cfg, *, with_eval, say, cache_dir, refresh):
+    calls.append((point.name, cfg.global_batch_size, cfg.mesh, point.topology, with_eval,
+                  cache_dir, refresh))
+    raw = {"benchmark": point.benchmark, "mlperf_benchmark": point.benchmark,
+           "topology_name": point.topology, "devices": 1, "device_kind": "TPU v3",
+           "mesh": {}, "layout": "", "optimizations": [], "plan": {}, "compile_s": 1.0,
+           "dataset": {"steps_per_epoch": 10, "eval_steps": eval_steps}, "refused": None}
+    steps = {"train": _program(0.0, dev["hbm_bytes_per_s"] * step_ms / 1e3),
+             "eval": _program(0.0, dev["hbm_bytes_per_s"] * eval_step_ms / 1e3)}
+    return raw, steps
+  return compiled, calls
 
+
+def test_prediction_adds_the_runs_steps_evaluations_and_host_terms(tmp_path):
+  p = next(p for p in ALL if p.name == "ssd-16")
+  compiled, _ = _stand_in(100.0, 500.0, eval_steps=4)
+  rows = scale.run([p], str(tmp_path), None, "", compiled=compiled, say=lambda s: None)
+  got = rows["ssd"][0]["prediction"]
+  want_s = (p.host["startup_s"] + p.train_steps * 0.1 + p.evaluations * 4 * 0.5
+            + p.host["final_scoring_s"])
+  assert got["modelled_step_ms"] == pytest.approx(100.0)
+  assert got["modelled_minutes"] == pytest.approx(want_s / 60)
+  assert got["minutes_ratio"] == pytest.approx(want_s / 60 / p.published_minutes)
+  assert got["step_ratio"] == pytest.approx(100.0 / p.measured_step_ms)
+  assert got["modelled_eval_s"] == pytest.approx(2.0) and not got["fitted"]
+
+
+def test_the_verb_writes_table_json_plot_and_errors(tmp_path):
+  chosen = scale.select(ALL, "transformer", [16, 64])
+  compiled, calls = _stand_in(50.0, 200.0)
+  said = []
   args = dict(output_dir=str(tmp_path / "out"), plot_path=None,
               cache_dir=str(tmp_path / "cache"))
-  scale.run(points, analyze=analyze, say=said.append, **args)
+  scale.run(chosen, compiled=compiled, say=said.append, **args)
   cache = str(tmp_path / "cache")
-  assert calls == [("transformer", 512, "x:8,y:4", "v3:4x4", True, cache, False),
-                   ("transformer", 512, "x:16,y:8", "v3:8x8", True, cache, False)]
-  table = [ln for ln in "\n".join(said).splitlines() if ln.startswith("| ")]
-  published = [ln.split("|")[8].strip() for ln in table[1:]]
+  assert calls == [("transformer-16", 512, "x:8,y:4", "v3:4x4", True, cache, False),
+                   ("transformer-64", 512, "x:16,y:8", "v3:8x8", True, cache, False)]
+  text = "\n".join(said)
+  table = [ln for ln in text.splitlines() if ln.startswith("| ")]
+  published = [ln.split("|")[7].strip() for ln in table[1:]]
   assert published == ["10.20", "3.85"], table
+  held = [ln for ln in text.splitlines() if "MAPE over the 2 held-out points" in ln]
+  ratios = [50.0 / p.measured_step_ms for p in chosen]
+  want = 100 * sum(abs(r - 1) for r in ratios) / 2
+  assert held and f"{want:.1f}%" in held[0], text
   out = json.loads((tmp_path / "out" / "scale_transformer.json").read_text())
-  assert [r["point"]["chips"] for r in out["benchmarks"]["transformer"]] == [16, 64]
+  got = out["benchmarks"]["transformer"]
+  assert [r["point"]["chips"] for r in got] == [16, 64]
+  assert out["mape"]["held_out_step"]["mape_pct"] == pytest.approx(want)
+  for r in got:
+    p = r["prediction"]
+    assert {"modelled_step_ms", "measured_step_ms", "modelled_minutes", "published_minutes",
+            "step_ratio", "minutes_ratio", "step_terms", "minutes_terms"} <= set(p)
   assert (tmp_path / "out" / "scale_transformer.png").stat().st_size > 1000
-  scale.run(points, analyze=analyze, say=lambda s: None, refresh=True, **args)
+  scale.run(chosen, compiled=compiled, say=lambda s: None, refresh=True, **args)
   assert calls[-1][-1] is True
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["lm"], "scale lm: no MLPerf v0.6 TPU result"),
-    (["bert"], "scale bert: unknown benchmark"),
-    (["resnet", "--chips=32"], "--chips=32: Google's v0.6 TPU-v3 results are for 16, 64"),
-    (["resnet", "--chips=a"], "--chips=a: comma-separated integers"),
-    (["resnet", "--config=cpu"], "Unknown command line flag 'config'"),
-    ([], "name a benchmark"),
-])
-def test_bad_input_is_one_line_and_exit_2(args, needle, tmp_path):
-  r = subprocess.run([sys.executable, "-m", "benchmarks.pod.scale", *args,
-                      f"--output_dir={tmp_path}"] if args else
-                     [sys.executable, "-m", "benchmarks.pod.scale"], cwd=ROOT, capture_output=True,
-                     text=True, timeout=120, check=False)
-  assert r.returncode == 2, r.stderr
-  assert r.stderr.strip().startswith("error: ") and needle in r.stderr, r.stderr
-  assert len(r.stderr.strip().splitlines()) == 1
-  assert not list(tmp_path.iterdir())
+def test_fit_finds_the_constants_behind_steps_it_made(tmp_path):
+  """Steps made by the model under known constants (two programs of different mixes, so that
+  the overhead and the bandwidth are both identifiable) are fitted back to those constants."""
+  truth = hardware.Calibration(kernel_overhead_s=3e-6, hbm_efficiency=0.75, ici_latency_s=2e-6)
+  dev = hardware.per_device(V3, megacore=False)
+  pairs = []
+  for nbytes, kernels_n in ((dev["hbm_bytes_per_s"] * 0.05, 2000), (dev["hbm_bytes_per_s"] * 0.01,
+                                                                  4000)):
+    k = [{"kind": "kernel", "kernel": {"name": f"k{i}", "op": "fusion", "flops": 0.0,
+                                       "mxu_flops": 0.0, "bytes": nbytes / kernels_n,
+                                       "cycles": None}} for i in range(kernels_n)]
+    prepared = steptime.Prepared(V3, False, (1, 1), (False, False),
+                                 {"entry": "main", "computations": {"main": k}}, False, ())
+    pairs.append((prepared, steptime.evaluate(prepared, "schedule", truth)["step_s"]))
+  got = steptime.fit(pairs, label="made", points=("a", "b"))
+  assert got.kernel_overhead_s == pytest.approx(3e-6, rel=0.05)
+  assert got.hbm_efficiency == pytest.approx(0.75, rel=0.02)
+  assert got.points == ("a", "b") and "made" in got.fitted_on

@@ -100,21 +100,31 @@ def test_permute_and_all_to_all():
 
 
 def test_model_roofline_and_overlap():
+  """A cost without HLO is one kernel then its collectives: synchronous in the schedule (the
+  step adds them), the two bounds around it."""
   dev = hardware.per_device(V3, megacore=False)
   analysis = {"flops_per_device": dev["peak_flops"] * 0.01,            # 10 ms of compute
               "bytes_accessed": dev["hbm_bytes_per_s"] * 0.002,       # 2 ms of HBM traffic
               "ops": [{"kind": "all-reduce", "bytes": B, "group_size": 4, "num_groups": 1,
                        "all_devices": False, "group_set": 0}],
               "group_sets": [[[0, 1, 2, 3]]]}
-  none = steptime.model(analysis, V3, False, _grid(4), (4, 1), (False, False))
-  full = steptime.model(analysis, V3, False, _grid(4), (4, 1), (False, False), overlap="full")
+  physical = hardware.Calibration()
+  args = (analysis, V3, False, _grid(4), (4, 1), (False, False))
+  sched = steptime.model(*args, calibration=physical)
+  none = steptime.model(*args, overlap="none", calibration=physical)
+  full = steptime.model(*args, overlap="full", calibration=physical)
   ring = 2 * 3 / 4 * B / LINK + 6 * ALPHA
   assert none["compute_s"] == pytest.approx(0.01) and none["memory_s"] == pytest.approx(0.002)
   assert none["bound"] == "compute"
   assert none["collective_s"] == pytest.approx(ring)
-  assert none["step_s"] == pytest.approx(0.01 + ring)
+  assert sched["step_s"] == none["step_s"] == pytest.approx(0.01 + ring)
   assert full["step_s"] == pytest.approx(max(0.01, ring))
-  assert none["assumptions"] and none["overlap"] == "none"
+  assert sched["bounds"] == full["bounds"] == none["bounds"]
+  assert none["assumptions"] and none["overlap"] == "none" and sched["overlap"] == "schedule"
+  # A calibration: a kernel's fixed time and the HBM bandwidth achieved (here 10% of it, so
+  # the 2 ms of traffic take 20 ms and bound the step).
+  slow = steptime.model(*args, calibration=hardware.Calibration(1e-3, 0.1, ALPHA))
+  assert slow["step_s"] == pytest.approx(0.02 + 1e-3 + ring)
   with pytest.raises(ValueError):
     steptime.model(analysis, V3, False, _grid(4), (4, 1), overlap="some")
 

@@ -3,7 +3,7 @@
   compile_only   a benchmark's train and eval steps compiled for a slice (libtpu), their memory,
                  FLOPs, collectives and the step-time model's prediction (`--compile_only`)
   compile_cache  compiled programs' facts kept while config and code are unchanged
-  scale          Google's MLPerf v0.6 TPU-v3 results against meshperf's predictions
-                 (`./run.sh scale`)
-  scale_points   the slices Google submitted, as data
+  points         runs to predict, as data (`points/`: Google's MLPerf v0.6 TPU-v3 submissions)
+  google_v06     Google's v0.6 submissions derived from their logs (writes `points/`)
+  scale          predicted steps and minutes beside measured ones (`./run.sh scale`)
 """

@@ -9,10 +9,10 @@ entry records the sha256 of every project source file under mesh/, optimizations
 benchmarks/ that was loaded when it compiled, and of pyproject.toml; the entry is used only
 while all of them are unchanged. What is not part of what a program compiles is left out, by
 folder where it can be (`NOT_CODE`): the modules that *read* the facts (`mesh/cost.py`,
-`mesh/hlo.py`, `mesh/steptime.py`, `mesh/hardware.py`, `benchmarks/pod/`), the tools around
-the loop (`benchmarks/sweep/`, `benchmarks/perf/`) and those that only choose configs or parse
-command lines: changing the step-time model re-reads cached programs instead of compiling them
-again.
+`mesh/hlo.py`, `mesh/kernels.py`, `mesh/steptime.py`, `mesh/hardware.py`, `benchmarks/pod/`),
+the tools around the loop (`benchmarks/sweep/`, `benchmarks/perf/`) and those that only choose
+configs or parse command lines: changing the step-time model re-reads cached programs instead of
+compiling them again.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ NOT_CODE = ("benchmarks/pod/*", "benchmarks/sweep/*", "benchmarks/perf/*",
             "benchmarks/main.py", "benchmarks/flags.py", "benchmarks/task.py",
             "benchmarks/config.py", "benchmarks/registry.py", "benchmarks/*/config.py",
             "benchmarks/loop/series.py", "benchmarks/loop/timeline.py", "mesh/cost.py",
-            "mesh/steptime.py", "mesh/hardware.py", "mesh/hlo.py", "mesh/multihost.py")
+            "mesh/steptime.py", "mesh/hardware.py", "mesh/hlo.py", "mesh/kernels.py",
+            "mesh/multihost.py")
 
 
 def compiled_from(rel: str) -> bool:

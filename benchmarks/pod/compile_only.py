@@ -38,14 +38,26 @@ GiB = 1 << 30
 
 def analyze(benchmark: str, cfg, topology_name: str | None, *, with_eval: bool = True,
             say: Callable[[str], None] = print, cache_dir: str | None = None,
-            refresh: bool = False, overlap: str = "none") -> dict[str, Any]:
+            refresh: bool = False, overlap: str = "schedule",
+            calibration: hardware.Calibration | None = None) -> dict[str, Any]:
   """Compiles `cfg` of `benchmark` for the named slice (None: this machine's devices) and
-  returns the summary (JSON-able). A program that does not fit in HBM is summarized with
-  `summary["fits"]` False; `refuse(summary)` turns that into a UserError. With `cache_dir`, a
-  program compiled before with the same config and code is read from the cache
-  (`benchmarks.pod.compile_cache`) instead of compiled again (`refresh`: compiled regardless).
-  `overlap`: the step-time model's assumption, "none" (collectives after compute, the default
-  upper bound) or "full" (collectives hidden behind compute)."""
+  returns the summary (JSON-able; `facts`, then `summarize`). A program that does not fit in
+  HBM is summarized with `summary["fits"]` False; `refuse(summary)` turns that into a
+  UserError. `overlap`: which reading of the step-time model is the step: "schedule" (the
+  compiled schedule's, the default), or its bounds "none" (collectives after the kernels) and
+  "full" (collectives hidden behind them); `calibration`: the model's constants (default: the
+  generation's)."""
+  raw = facts(benchmark, cfg, topology_name, with_eval=with_eval, say=say,
+              cache_dir=cache_dir, refresh=refresh)
+  return summarize(raw, cfg, overlap, calibration)
+
+
+def facts(benchmark: str, cfg, topology_name: str | None, *, with_eval: bool = True,
+          say: Callable[[str], None] = print, cache_dir: str | None = None,
+          refresh: bool = False) -> dict[str, Any]:
+  """What compiling `cfg` gave (`compile_facts`). With `cache_dir`, a program compiled before
+  with the same config and code is read from the cache (`benchmarks.pod.compile_cache`)
+  instead of compiled again (`refresh`: compiled regardless)."""
   key = None
   if cache_dir:
     key = compile_cache.cache_key(benchmark, cfg, topology_name, with_eval,
@@ -53,7 +65,7 @@ def analyze(benchmark: str, cfg, topology_name: str | None, *, with_eval: bool =
     raw, changed = (None, []) if refresh else compile_cache.load(cache_dir, key)
     if raw is not None:
       say(f"{benchmark}: compiled before, read from {compile_cache.path_of(cache_dir, key)}")
-      return summarize(raw, cfg, overlap)
+      return raw
     if changed:
       say(f"{benchmark}: recompiling, changed since cached: {', '.join(changed[:3])}")
     code = compile_cache.file_hashes(compile_cache.loaded_code())
@@ -62,7 +74,7 @@ def analyze(benchmark: str, cfg, topology_name: str | None, *, with_eval: bool =
     code = {**compile_cache.file_hashes([f for f in compile_cache.loaded_code()
                                          if f not in code]), **code}
     compile_cache.save(cache_dir, key, raw, code)
-  return summarize(raw, cfg, overlap)
+  return raw
 
 
 def compile_facts(benchmark: str, cfg, topology_name: str | None, *, with_eval: bool = True,
@@ -116,21 +128,48 @@ def compile_facts(benchmark: str, cfg, topology_name: str | None, *, with_eval: 
   }
 
 
-def summarize(raw: dict[str, Any], cfg, overlap: str = "none") -> dict[str, Any]:
+def read(raw: dict[str, Any], cfg) -> dict[str, Any]:
+  """What the summary and the step-time model read of compiled facts, once: each step's
+  `mesh.cost.analyze_facts` and, on a TPU slice, its `mesh.steptime.prepare`d program
+  ({"train": (cost, prepared), "eval": (cost, prepared) or None}; None when refused)."""
+  if raw["refused"] is not None:
+    return {"train": None, "eval": None}
+  name = raw["topology_name"]
+  topo = topology.parse(name) if name else None
+  gen = hardware.GENERATIONS[topo.generation] if topo else None
+  coords = [tuple(c) for c in raw["coords"]] if raw["coords"] else None
+  spec = registry.BENCHMARKS[raw["benchmark"]].spec
+  # A data-dependent loop in the eval (beam search) runs at most the bound the benchmark names.
+  bound = int(getattr(cfg, spec.eval_loop_bound)) if spec.eval_loop_bound else None
+  out = {}
+  for step, trips in (("train", None), ("eval", bound)):
+    if not raw[step]:
+      out[step] = None
+      continue
+    c = cost.analyze_facts(raw[step], trips, gen.mxu_width if gen else 128)
+    prepared = None
+    if topo is not None:
+      from mesh import steptime
+      prepared = steptime.prepare(c, gen, topo.megacore, coords, topo.chips)
+    out[step] = (c, prepared)
+  return out
+
+
+def summarize(raw: dict[str, Any], cfg, overlap: str = "schedule",
+              calibration: hardware.Calibration | None = None,
+              steps: dict[str, Any] | None = None) -> dict[str, Any]:
   """The summary of compiled facts: per step, the figures, the fit in HBM and the modelled
-  time; the predicted minutes for `cfg`'s epochs and evaluation cadence."""
+  time; the predicted minutes for `cfg`'s epochs and evaluation cadence. `steps`: `read(raw,
+  cfg)` when the caller has it."""
   name = raw["topology_name"]
   topo = topology.parse(name) if name else None
   device = _device_figures(topo)
-  coords = [tuple(c) for c in raw["coords"]] if raw["coords"] else None
+  steps = steps or read(raw, cfg)
   train = evals = prediction = None
   if raw["refused"] is None:
-    train = _step(cost.analyze_facts(raw["train"]), device, topo, coords, overlap)
+    train = _step(*steps["train"], device, overlap, calibration)
+    evals = _step(*steps["eval"], device, overlap, calibration) if steps["eval"] else None
     spec = registry.BENCHMARKS[raw["benchmark"]].spec
-    # A data-dependent loop in the eval (beam search) runs at most the bound the benchmark names.
-    bound = int(getattr(cfg, spec.eval_loop_bound)) if spec.eval_loop_bound else None
-    evals = (_step(cost.analyze_facts(raw["eval"], bound), device, topo, coords, overlap)
-             if raw["eval"] else None)
     prediction = _prediction(cfg, timeline(cfg, spec, raw["dataset"]["steps_per_epoch"]),
                              raw["dataset"]["eval_steps"], train, evals)
   summary = {
@@ -170,7 +209,8 @@ def _topology_summary(topo, raw, device) -> dict[str, Any]:
                                                  topo.chips))}
 
 
-def _step(cost: dict[str, Any], device, topo, coords, overlap: str = "none") -> dict[str, Any]:
+def _step(cost: dict[str, Any], prepared, device, overlap: str = "schedule",
+          calibration: hardware.Calibration | None = None) -> dict[str, Any]:
   """One compiled step's figures, its fit in HBM and (on a TPU slice) its modelled time."""
   memory = cost.get("memory_per_device", {})
   total = memory.get("total_bytes")
@@ -181,11 +221,9 @@ def _step(cost: dict[str, Any], device, topo, coords, overlap: str = "none") -> 
   out["hbm_bytes_per_device"] = device["hbm_bytes"] if device else None
   out["fits"] = None if device is None or total is None else total <= device["hbm_bytes"]
   out["model"] = None
-  if topo is not None:
+  if prepared is not None:
     from mesh import steptime
-    gen = hardware.GENERATIONS[topo.generation]
-    out["model"] = steptime.model(cost, gen, topo.megacore, coords, topo.chips,
-                                  hardware.wraparound(gen, topo.chips), overlap)
+    out["model"] = steptime.evaluate(prepared, overlap, calibration)
   return out
 
 
@@ -269,9 +307,14 @@ def report(summary: dict[str, Any]) -> str:
     xla_s = ("" if xla is None else f"; XLA's estimate {_ms(xla)} (no interconnect)" if xla >= 0
              else f"; XLA's estimate is negative ({xla:.3g} s): unusable")
     if model:
-      lines.append(f"  model: compute {_ms(model['compute_s'])}, HBM {_ms(model['memory_s'])}, "
-                   f"collectives {_ms(model['collective_s'])} -> step {_ms(model['step_s'])} "
-                   f"(overlap: {model['overlap']}){xla_s}")
+      est = model.get("compiler_estimate_s")
+      lines.append(f"  model: {model['kernels']:,.0f} kernels {_ms(model['kernel_s'])} (matrix "
+                   f"unit {_ms(model['compute_s'])}, HBM {_ms(model['memory_s'])}, overhead "
+                   f"{_ms(model['overhead_s'])}), collectives {_ms(model['collective_s'])} of "
+                   f"which exposed {_ms(model['exposed_collective_s'])} -> step "
+                   f"{_ms(model['step_s'])} ({model['overlap']})"
+                   + (f"; the TPU compiler's own kernel estimates add to {_ms(est)}" if est
+                      else "") + xla_s)
   p = summary["prediction"]
   if p:
     lines.append(f"predicted: {p['epochs']} epochs = {p['train_steps']:,} steps x "

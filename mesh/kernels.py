@@ -1,0 +1,366 @@
+"""What each kernel of a compiled program costs: FLOPs, HBM bytes and the compiler's own estimate.
+
+A compiled XLA program runs one kernel at a time on a device: each fusion, each unfused
+convolution, copy or reduction, each custom call. This module lists the kernels of an optimized
+HLO module (`mesh.hlo.parse`) in the order the schedule runs them, with, for each:
+
+  flops      2 x output elements x contracted elements of its dots and convolutions (those
+             inside the fusion included); elementwise work is not counted
+  mxu_flops  the same with the contracted size (a convolution's input features x window) and
+             the output features padded up to the width of the matrix unit (`mxu`: 128 on TPU
+             v2-v5, the systolic array's side; Jouppi et al., CACM 63(7) 2020): a layer of 64
+             output channels fills half of a 128-wide array, and pays for all of it
+  bytes      what the kernel reads and writes in HBM: each operand once and the result, at the
+             sizes of their *tiled* layouts (TPU HLO prints them: `f32[3,64]{1,0:T(8,128)}`
+             holds 8 x 128 elements; `T(8,128)(2,1)` packs bf16 pairs in the same 8 x 128 tile);
+             an operand the fusion only slices is counted at the size of its slices, and a
+             result written in place by a dynamic-update-slice at the size of the update
+             (what XLA's own HloCostAnalysis does for these ops); buffers in another memory
+             space than HBM (`S(1)`: the core's vector memory) are not counted
+  cycles     the TPU compiler's own estimate of the kernel (`estimated_cycles` in its
+             backend config), where it prints one
+
+The program's structure comes with them (`steps`): each computation that runs as a sequence of
+kernels, collectives (synchronous, or `-start`/`-done` pairs the scheduler placed apart),
+loops with their trip counts (`mesh.hlo.multipliers`' reading) and calls. `mesh.steptime`
+prices that sequence.
+
+Sources: the layout syntax and tiling, `xla/layout.h` and `xla/layout_util.cc` (a tile applies
+to the most minor dimensions, each padded to a multiple of the tile's size); the bytes of slices
+and in-place updates, `xla/service/hlo_cost_analysis.cc`; the schedule order of a scheduled
+module's printed computations (`is_scheduled=true`), `xla/hlo/ir/hlo_computation.cc`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Any
+
+from mesh import hlo
+
+_DTYPE_BITS = {
+    "pred": 8, "s2": 2, "u2": 2, "s4": 4, "u4": 4, "s8": 8, "u8": 8, "f8e4m3fn": 8,
+    "f8e5m2": 8, "f8e4m3": 8, "f8e4m3b11fnuz": 8, "f8e5m2fnuz": 8, "f8e4m3fnuz": 8,
+    "s16": 16, "u16": 16, "f16": 16, "bf16": 16, "s32": 32, "u32": 32, "f32": 32,
+    "s64": 64, "u64": 64, "f64": 64, "c64": 64, "c128": 128, "token": 0,
+}
+_ARRAY = re.compile(r"(?P<dtype>[a-z][a-z0-9]*)\[(?P<dims>[0-9,]*)\](?:\{(?P<layout>[^{}]*)\})?")
+_TILE = re.compile(r"T\((?P<t>[0-9,]+)\)")
+_SPACE = re.compile(r"S\((?P<s>[0-9]+)\)")
+_CYCLES = re.compile(r'"estimated_cycles":"(?P<n>[0-9]+)"')
+_CALLS = re.compile(r"\bcalls=%(?P<c>[^\s,)}]+)")
+_KIND = re.compile(r"\bkind=(?P<k>k[A-Za-z]+)")
+
+COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather", "collective-permute", "all-to-all",
+               "ragged-all-to-all", "collective-broadcast")
+# Instructions that launch no kernel: tuples and their elements, views, constants, markers.
+FREE = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant", "after-all",
+        "partition-id", "replica-id", "opt-barrier", "add-dependency", "domain", "iota"}
+CONTROL = {"while", "call", "conditional"}
+SLICING = {"dynamic-slice", "slice", "gather"}
+
+
+def arrays(shape: str) -> list[tuple[str, list[int], str | None]]:
+  """(dtype, dims, layout) of every array in a shape string (a tuple's elements in order)."""
+  return [(m.group("dtype"), [int(d) for d in m.group("dims").split(",") if d],
+           m.group("layout")) for m in _ARRAY.finditer(shape)]
+
+
+def array_bytes(dtype: str, dims: list[int], layout: str | None) -> float:
+  """Bytes of one array in HBM under its layout: the most minor dimensions padded to the
+  layout's first tile (`T(8,128)`); 0 for another memory space (`S(1)`)."""
+  bits = _DTYPE_BITS.get(dtype, 32)
+  if not layout or ":" not in layout:
+    return math.prod(dims) * bits / 8
+  order, _, attrs = layout.partition(":")
+  space = _SPACE.search(attrs)
+  if space and space.group("s") != "0":
+    return 0.0
+  minor_to_major = [int(d) for d in order.split(",") if d]
+  physical = [dims[d] for d in reversed(minor_to_major)] if minor_to_major else []
+  tile = _TILE.search(attrs)
+  if tile:
+    t = [int(x) for x in tile.group("t").split(",")]
+    physical = [1] * max(0, len(t) - len(physical)) + physical
+    for i, size in enumerate(reversed(t), start=1):
+      physical[-i] = -(-physical[-i] // size) * size
+  return math.prod(physical) * bits / 8
+
+
+def shape_bytes(shape: str) -> float:
+  """Bytes of every array of a shape string, tiled (`array_bytes`), summed."""
+  return sum(array_bytes(*a) for a in arrays(shape))
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+  """One kernel's work (see the module docstring)."""
+  name: str
+  op: str                 # the opcode; a fusion's kind after a colon, e.g. "fusion:kOutput"
+  flops: float
+  mxu_flops: float
+  bytes: float
+  cycles: int | None
+
+
+def _padded(n: int, width: int) -> int:
+  return -(-n // width) * width
+
+
+def _dot_flops(ins: dict[str, str], shapes: dict[str, str], mxu: int) -> tuple[float, float]:
+  """(flops, mxu_flops) of one dot or convolution."""
+  flops = hlo._flops(ins, shapes)
+  if not flops:
+    return 0.0, 0.0
+  operands = hlo._operands(ins)
+  if ins["op"] == "dot":
+    lhs = hlo._dims(shapes.get(operands[0], ""))
+    rhs = hlo._dims(shapes.get(operands[1], "")) if len(operands) > 1 else []
+    c = re.search(r"lhs_contracting_dims=\{([0-9,]*)\}", ins["rest"])
+    rc = re.search(r"rhs_contracting_dims=\{([0-9,]*)\}", ins["rest"])
+    rb = re.search(r"rhs_batch_dims=\{([0-9,]*)\}", ins["rest"])
+    k = math.prod(lhs[int(i)] for i in c.group(1).split(",") if i) if c and lhs else 1
+    skip = {int(i) for g in (rc, rb) if g for i in g.group(1).split(",") if i}
+    n = math.prod(d for i, d in enumerate(rhs) if i not in skip) if rhs else 1
+  else:
+    parts = hlo.conv_parts(ins, shapes)
+    if parts is None:
+      return flops, flops
+    _, k, n = parts
+  scale = (_padded(k, mxu) / k if k else 1.0) * (_padded(n, mxu) / n if n else 1.0)
+  return flops, flops * scale
+
+
+def _fused_flops(comp: str, comps, shapes, mxu: int, seen=None) -> tuple[float, float]:
+  """(flops, mxu_flops) of the dots and convolutions in a fused computation, nested ones too."""
+  seen = seen if seen is not None else set()
+  if comp in seen or comp not in comps:
+    return 0.0, 0.0
+  seen.add(comp)
+  total = [0.0, 0.0]
+  for ins in comps[comp]:
+    if ins["op"] in ("dot", "convolution"):
+      f, m = _dot_flops(ins, shapes, mxu)
+      total[0] += f
+      total[1] += m
+    elif ins["op"] == "fusion":
+      called = _CALLS.search(ins["rest"])
+      if called:
+        f, m = _fused_flops(called.group("c"), comps, shapes, mxu, seen)
+        total[0] += f
+        total[1] += m
+  return total[0], total[1]
+
+
+def _param_index(ins: dict[str, str]) -> int | None:
+  if ins["op"] != "parameter":
+    return None
+  try:
+    return int(ins["args"].strip())
+  except ValueError:
+    return None
+
+
+def _users(body: list[dict[str, str]]) -> dict[str, list[tuple[dict[str, str], int]]]:
+  """name -> [(user instruction, operand position)] within one computation."""
+  out: dict[str, list[tuple[dict[str, str], int]]] = {}
+  for ins in body:
+    for pos, name in enumerate(hlo._operands(ins)):
+      out.setdefault(name, []).append((ins, pos))
+  return out
+
+
+def _is_view(ins: dict[str, str], comps) -> bool:
+  """A bitcast, or a nested fusion that only bitcasts its one operand."""
+  if ins["op"] == "bitcast":
+    return True
+  if ins["op"] != "fusion":
+    return False
+  called = _CALLS.search(ins["rest"])
+  body = comps.get(called.group("c"), []) if called else []
+  return bool(body) and all(i["op"] in ("parameter", "bitcast") for i in body)
+
+
+def _read_bytes(name: str, full: float, users, comps, depth: int = 0) -> float:
+  """Bytes a fused computation reads of its value `name` (`full` bytes): the slices taken of
+  it when every use slices it (through views), the whole of it otherwise; 0 for an in-place
+  dynamic-update-slice's buffer (only the update is written, counted with the result)."""
+  uses = users.get(name, [])
+  if not uses or depth > 4:
+    return full
+  total = 0.0
+  for user, pos in uses:
+    if _is_view(user, comps):
+      total += _read_bytes(user["name"], full, users, comps, depth + 1)
+    elif user["op"] in SLICING and pos == 0:
+      total += shape_bytes(user["shape"])
+    elif user["op"] == "dynamic-update-slice" and pos == 0:
+      continue
+    else:
+      return full
+  return min(total, full)
+
+
+def _written_bytes(comp: str, comps, result_shape: str) -> float:
+  """Bytes a fusion writes: its result, less what dynamic-update-slices at its root update in
+  place (only the update is written)."""
+  body = comps.get(comp, [])
+  if not body:
+    return shape_bytes(result_shape)
+  by_name = {i["name"]: i for i in body}
+  root = body[-1]
+  outputs = ([by_name.get(n) for n in hlo._operands(root)] if root["op"] == "tuple"
+             else [root])
+  total = 0.0
+  for out in outputs:
+    if out is None:
+      continue
+    if out["op"] == "dynamic-update-slice":
+      ops = hlo._operands(out)
+      update = by_name.get(ops[1]) if len(ops) > 1 else None
+      total += shape_bytes(update["shape"]) if update else shape_bytes(out["shape"])
+    else:
+      total += shape_bytes(out["shape"])
+  return total
+
+
+def _fusion_bytes(ins, comps, shapes) -> float:
+  called = _CALLS.search(ins["rest"])
+  comp = called.group("c") if called else ""
+  body = comps.get(comp, [])
+  params = {_param_index(i): i["name"] for i in body if i["op"] == "parameter"}
+  users = _users(body)
+  read = 0.0
+  for pos, operand in enumerate(dict.fromkeys(hlo._operands(ins))):
+    full = shape_bytes(shapes.get(operand, ""))
+    read += _read_bytes(params[pos], full, users, comps) if pos in params else full
+  return read + _written_bytes(comp, comps, ins["shape"])
+
+
+def _op_bytes(ins, shapes) -> float:
+  operands = hlo._operands(ins)
+  if ins["op"] in SLICING:
+    return 2 * shape_bytes(ins["shape"])
+  if ins["op"] == "dynamic-update-slice" and len(operands) > 1:
+    return 2 * shape_bytes(shapes.get(operands[1], ""))
+  return shape_bytes(ins["shape"]) + sum(shape_bytes(shapes.get(o, "")) for o in
+                                         dict.fromkeys(operands))
+
+
+def is_kernel(ins: dict[str, str]) -> bool:
+  """Whether an instruction of a running computation launches a kernel: not a view, a tuple,
+  a constant, control flow, a collective or async bookkeeping, and not scalar work (the scalar
+  unit's loop counters)."""
+  op = ins["op"]
+  if op in FREE or op in CONTROL or op.startswith("async-") or op.endswith("-done"):
+    return False
+  if op.removesuffix("-start") in COLLECTIVES or op in ("send", "recv", "copy-start"):
+    return False
+  dims = [d for _, d, _ in arrays(ins["shape"])]
+  return any(d for d in dims)
+
+
+def kernel(ins: dict[str, str], comps, shapes, mxu: int = 128) -> Kernel:
+  """The cost of one kernel instruction (`is_kernel`)."""
+  op = ins["op"]
+  if op == "fusion":
+    called = _CALLS.search(ins["rest"])
+    flops, mxu_flops = (_fused_flops(called.group("c"), comps, shapes, mxu) if called
+                        else (0.0, 0.0))
+    nbytes = _fusion_bytes(ins, comps, shapes)
+    kind = _KIND.search(ins["rest"])
+    op = f"fusion:{kind.group('k')}" if kind else op
+  elif op in ("dot", "convolution"):
+    flops, mxu_flops = _dot_flops(ins, shapes, mxu)
+    nbytes = _op_bytes(ins, shapes)
+  else:
+    flops = mxu_flops = 0.0
+    nbytes = _op_bytes(ins, shapes)
+  cycles = _CYCLES.search(ins["rest"])
+  return Kernel(ins["name"], op, flops, mxu_flops, nbytes,
+                int(cycles.group("n")) if cycles else None)
+
+
+def shapes_of(parsed: hlo.Parsed) -> dict[str, str]:
+  return {ins["name"]: ins["shape"] for body in parsed[0].values() for ins in body}
+
+
+def kernels(text: str, mxu: int = 128, parsed: hlo.Parsed | None = None,
+            unknown_trips: int | None = None) -> list[tuple[Kernel, int]]:
+  """Every kernel of the computations that run, with its runs per step (loop trips)."""
+  parsed = parsed or hlo.parse(text)
+  comps = parsed[0]
+  runs, _ = hlo.multipliers(text, unknown_trips, parsed)
+  shapes = shapes_of(parsed)
+  return [(kernel(ins, comps, shapes, mxu), runs[name]) for name in running(parsed, runs)
+          for ins in comps[name] if is_kernel(ins)]
+
+
+def running(parsed: hlo.Parsed, runs: dict[str, int]) -> list[str]:
+  """The computations that run as sequences of kernels: those reached from the entry through
+  loops, calls and conditionals, not fused computations, reducers or async wrappers."""
+  comps = parsed[0]
+  fused = set()
+  for body in comps.values():
+    for ins in body:
+      if ins["op"] == "fusion" or ins["op"].startswith("async-") or ins["op"] in (
+          "all-reduce", "all-reduce-start", "reduce-scatter", "reduce", "reduce-window",
+          "select-and-scatter", "scatter", "sort", "map", "custom-call"):
+        fused.update(m.group("c") for m in re.finditer(
+            r"\b(?:calls|to_apply)=%(?P<c>[^\s,)}]+)", ins["rest"]))
+  return [name for name in comps if name in runs and name not in fused and name != hlo.LOOSE]
+
+
+# --- the program as a schedule -------------------------------------------------------------------
+
+def steps(text: str, mxu: int = 128, parsed: hlo.Parsed | None = None,
+          unknown_trips: int | None = None) -> dict[str, Any]:
+  """The program as the schedule runs it: {"entry": name, "computations": {name: [step]}},
+  each step one of
+    {"kind": "kernel", "kernel": {Kernel's fields}}
+    {"kind": "collective", "name", "op"}             a synchronous collective
+    {"kind": "start", "name", "op"}                  an asynchronous collective starts
+    {"kind": "done", "name", "start"}                it must have ended (`start`: its -start)
+    {"kind": "loop", "body", "condition", "trips", "assumed"}   trips None: unknown
+    {"kind": "call", "computations": [names]}        a call, or a conditional's branches
+  in the order of the printed (scheduled) computation (JSON-able). `unknown_trips`: trips
+  assumed for a loop whose count the program does not show."""
+  parsed = parsed or hlo.parse(text)
+  comps, entry = parsed
+  runs, loops = hlo.multipliers(text, unknown_trips, parsed)
+  trips = {lp["body"]: lp for lp in loops}
+  shapes = shapes_of(parsed)
+  out: dict[str, list[dict[str, Any]]] = {}
+  for name in running(parsed, runs):
+    seq = []
+    for ins in comps[name]:
+      op = ins["op"]
+      base = op.removesuffix("-start").removesuffix("-done")
+      if op == "while":
+        body = re.search(r"\bbody=%(?P<c>[^\s,)}]+)", ins["rest"])
+        cond = re.search(r"\bcondition=%(?P<c>[^\s,)}]+)", ins["rest"])
+        lp = trips.get(body.group("c") if body else None, {})
+        seq.append({"kind": "loop", "body": body.group("c") if body else None,
+                    "condition": cond.group("c") if cond else None,
+                    "trips": lp.get("trips"), "assumed": lp.get("assumed")})
+      elif op in ("call", "conditional"):
+        called = re.findall(r"(?:to_apply|calls)=%([^\s,)}]+)", ins["rest"])
+        b = re.search(r"branch_computations=\{(?P<cs>[^}]*)\}", ins["rest"])
+        if b:
+          called += [c.strip().lstrip("%") for c in b.group("cs").split(",") if c.strip()]
+        seq.append({"kind": "call", "computations": called, "branches": bool(b)})
+      elif base in COLLECTIVES or op in ("async-start", "async-done"):
+        if op.endswith("-done"):
+          operands = hlo._operands(ins)
+          seq.append({"kind": "done", "name": ins["name"],
+                      "start": operands[0] if operands else None})
+        else:
+          seq.append({"kind": "start" if op.endswith("-start") else "collective",
+                      "name": ins["name"], "op": base})
+      elif is_kernel(ins):
+        seq.append({"kind": "kernel",
+                    "kernel": dataclasses.asdict(kernel(ins, comps, shapes, mxu))})
+    out[name] = seq
+  return {"entry": entry, "computations": out}

@@ -1,0 +1,179 @@
+"""Per-kernel pricing (`mesh.kernels`) and the step model's schedule (`mesh.steptime`), against
+figures counted by hand: tiled layouts, dot and convolution FLOPs, HBM bytes of fusions, loop
+trips, slices and in-place updates, on programs the TPU compiler (libtpu) compiled for one
+TensorCore of a v3 slice here."""
+
+import os
+
+import pytest
+
+from mesh import hardware, hlo, kernels, steptime
+
+V3 = hardware.GENERATIONS["v3"]
+
+
+# --- layouts (no compiler needed) ---------------------------------------------------------------
+
+@pytest.mark.parametrize("shape,want", [
+    ("f32[1024,1024]{1,0:T(8,128)}", 1024 * 1024 * 4),               # tile-aligned
+    ("f32[3,64]{1,0:T(8,128)}", 8 * 128 * 4),                        # one (8,128) tile
+    ("bf16[32,1024]{1,0:T(8,128)(2,1)}", 32 * 1024 * 2),             # bf16 pairs in the tile
+    # minor_to_major 0,3,2,1: physical order [32,32,3,8]; T(4,128) pads 3 -> 4 and 8 -> 128.
+    ("bf16[8,32,32,3]{0,3,2,1:T(4,128)(2,1)}", 32 * 32 * 4 * 128 * 2),
+    ("f32[]{:T(256)}", 256 * 4),                                     # a scalar's tile
+    ("f32[5,7]{1,0:T(8,128)S(1)}", 0),                               # vector memory, not HBM
+    ("s32[10]", 40),                                                 # no layout: dense
+    ("(f32[8,128]{1,0:T(8,128)}, bf16[16]{0:T(1024)})", 8 * 128 * 4 + 1024 * 2),
+])
+def test_tiled_bytes(shape, want):
+  assert kernels.shape_bytes(shape) == want
+
+
+def test_convolution_counts_only_window_positions_on_the_input():
+  """A 3x3 SAME convolution over 32 positions: 32 x 3 window positions less the 2 that fall on
+  the padding at each edge = 94 per spatial dimension; a 1x1 convolution padded by 55 on each
+  side (a backward pass XLA writes that way) reads one position per output."""
+  shapes = {"x": "bf16[8,32,32,64]", "w": "bf16[3,3,64,96]"}
+  same = {"name": "c", "op": "convolution", "shape": "bf16[8,32,32,96]", "args": "%x, %w",
+          "rest": ", window={size=3x3 pad=1_1x1_1}, dim_labels=b01f_01io->b01f"}
+  assert hlo._flops(same, shapes) == 2 * 8 * 96 * 64 * 94 * 94
+  macs, contracted, features = hlo.conv_parts(same, shapes)
+  assert contracted == round(64 * 94 * 94 / (32 * 32)) and features == 96
+  shapes = {"w": "bf16[1,1,64,64]", "a": "bf16[128,56,56,64]"}
+  padded = {"name": "c", "op": "convolution", "shape": "bf16[128,56,56,64]", "args": "%w, %a",
+            "rest": ", window={size=56x56 pad=55_55x55_55 rhs_reversal=1x1}, "
+                    "dim_labels=01bf_o01i->f01b"}
+  assert hlo._flops(padded, shapes) == 2 * 128 * 56 * 56 * 64 * 64
+
+
+# --- programs the TPU compiler compiled ---------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def compile_one():
+  """jit(f) compiled for one TensorCore of a v3:2x2 slice: its HLO text."""
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+  import jax
+  from jax.sharding import SingleDeviceSharding
+  try:
+    from jax.experimental import topologies
+    dev = topologies.get_topology_desc(topology_name="v3:2x2", platform="tpu").devices[0]
+  except Exception as e:
+    pytest.skip(f"jax.experimental.topologies gives no TPU devices here: {str(e)[:200]}")
+  where = SingleDeviceSharding(dev)
+
+  def compile_(f, *shapes):
+    args = [jax.ShapeDtypeStruct(s, d, sharding=where) for s, d in shapes]
+    return jax.jit(f).lower(*args).compile().as_text()
+  return compile_
+
+
+def _kernels(text):
+  return [(k, runs) for k, runs in kernels.kernels(text)]
+
+
+def test_a_matmul_fusion(compile_one):
+  import jax.numpy as jnp
+  text = compile_one(lambda x, w: jnp.tanh((x @ w).astype(jnp.float32)),
+                     ((256, 1024), jnp.bfloat16), ((1024, 512), jnp.bfloat16))
+  (k, runs), = _kernels(text)                     # the dot and the tanh: one fusion
+  assert runs == 1 and k.op.startswith("fusion")
+  assert k.flops == k.mxu_flops == 2 * 256 * 1024 * 512       # 128-aligned: no MXU padding
+  assert k.bytes == 256 * 1024 * 2 + 1024 * 512 * 2 + 256 * 512 * 4   # x, w read; f32 out
+  assert k.cycles and k.cycles > 0                # the compiler's own estimate is read
+
+
+def test_a_convolution_fusion_and_the_matrix_unit_padding(compile_one):
+  import jax
+  import jax.numpy as jnp
+
+  def conv(x, w):
+    return jax.lax.conv_general_dilated(x, w, (1, 1), "SAME",
+                                        dimension_numbers=("NHWC", "HWIO", "NHWC"))
+  text = compile_one(conv, ((8, 32, 32, 64), jnp.bfloat16), ((3, 3, 64, 96), jnp.bfloat16))
+  convs = [k for k, _ in _kernels(text) if k.flops]
+  assert len(convs) == 1
+  k = convs[0]
+  flops = 2 * 8 * 96 * 64 * 94 * 94
+  assert k.flops == flops
+  # Contracted per output: 64 channels x 94^2/32^2 window positions = 552 -> 640 (5 x 128);
+  # 96 output channels -> 128.
+  assert k.mxu_flops == pytest.approx(flops * 640 / 552 * 128 / 96)
+  # Input, weights and output in HBM: 64 and 96 channels are stored in 128-wide tiles.
+  assert k.bytes == 8 * 32 * 32 * 128 * 2 + 3 * 3 * 64 * 128 * 2 + 8 * 32 * 32 * 128 * 2
+
+
+def test_a_loop_runs_its_kernels_per_trip(compile_one):
+  import jax
+  import jax.numpy as jnp
+  text = compile_one(lambda x: jax.lax.fori_loop(0, 7, lambda i, c: jnp.sin(c) * 0.5, x),
+                     ((1024, 1024), jnp.float32))
+  loops = hlo.multipliers(text)[1]
+  assert [lp["trips"] for lp in loops] == [7]     # read from the loop's own i < 7
+  body = [(k, runs) for k, runs in _kernels(text) if runs == 7]
+  assert len(body) == 1 and body[0][0].bytes == 2 * 1024 * 1024 * 4     # read and write
+  # The model runs the body 7 times: its HBM time is 7 x 8 MiB, and one launch each.
+  cal = hardware.Calibration(kernel_overhead_s=1e-6, hbm_efficiency=1.0, ici_latency_s=0.0)
+  program = kernels.steps(text)
+  prepared = steptime.Prepared(V3, False, (1, 1), (False, False), program, False, ())
+  got = steptime.evaluate(prepared, "schedule", cal)
+  dev = hardware.per_device(V3, megacore=False)
+  outside = [k for k, runs in _kernels(text) if runs == 1]
+  want = (7 * 8 * 2**20 + sum(k.bytes for k in outside)) / dev["hbm_bytes_per_s"]
+  assert got["memory_s"] == pytest.approx(want)
+  assert got["kernels"] == 7 + len(outside)
+  assert got["step_s"] == pytest.approx(want + got["kernels"] * 1e-6)
+
+
+def test_a_loop_of_unknown_trips_runs_its_bound(compile_one):
+  import jax
+  import jax.numpy as jnp
+
+  def f(x):
+    return jax.lax.while_loop(lambda c: c[1] < c[0].sum(), lambda c: (c[0] * 1.01, c[1] + 1.0),
+                              (x, 0.0))[0]
+  text = compile_one(f, ((512, 1024), jnp.float32))
+  assert [lp["trips"] for lp in hlo.multipliers(text)[1]] == [None]
+  runs = {k.name: n for k, n in kernels.kernels(text, unknown_trips=50)}
+  assert max(runs.values()) >= 50                 # the body at the bound, its condition 51 x
+
+
+def test_slices_and_in_place_updates_cost_their_rows_not_the_buffer(compile_one):
+  """A loop that reads row i of one buffer and writes row i of another: each trip moves rows
+  (a row of f32[64,1024] is one (8,128)-tiled row group at most), never the 256 KiB buffers."""
+  import jax
+  import jax.numpy as jnp
+
+  def f(buf, rows):
+    def body(i, b):
+      r = jax.lax.dynamic_slice(rows, (i, 0), (1, 1024))
+      return jax.lax.dynamic_update_slice(b, jnp.sin(r), (i, 0))
+    return jax.lax.fori_loop(0, 64, body, buf)
+  text = compile_one(f, ((64, 1024), jnp.float32), ((64, 1024), jnp.float32))
+  in_loop = [k for k, runs in _kernels(text) if runs == 64]
+  assert in_loop
+  assert all(k.bytes <= 2 * 8 * 1024 * 4 for k in in_loop), in_loop
+  assert all(k.bytes < 64 * 1024 * 4 for k in in_loop)
+
+
+def test_the_schedule_overlaps_only_asynchronous_collectives():
+  """Kernels of 1 ms each around a 3 ms collective: synchronous, it adds to the step; started
+  before two kernels and waited for after them, it hides behind them up to its own length."""
+  dev = hardware.per_device(V3, megacore=False)
+  ms = dev["hbm_bytes_per_s"] * 1e-3
+
+  def k(name):
+    return {"kind": "kernel", "kernel": {"name": name, "op": "fusion", "flops": 0.0,
+                                         "mxu_flops": 0.0, "bytes": ms, "cycles": None}}
+  sync = [k("a"), {"kind": "collective", "name": "ar", "op": "all-reduce"}, k("b"), k("c")]
+  asyn = [k("a"), {"kind": "start", "name": "ar", "op": "all-reduce"}, k("b"), k("c"),
+          {"kind": "done", "name": "ar.done", "start": "ar"}]
+  cal = hardware.Calibration(0.0, 1.0, 0.0)
+  times = {}
+  for name, seq in (("sync", sync), ("async", asyn)):
+    times[name] = steptime.simulate({"entry": "m", "computations": {"m": seq}},
+                                    steptime.Rates(dev["peak_flops"], dev["hbm_bytes_per_s"],
+                                                   cal.kernel_overhead_s), {"ar": 3e-3})
+  assert times["sync"]["step_s"] == pytest.approx(6e-3)      # 3 kernels + 3 ms
+  assert times["async"]["step_s"] == pytest.approx(4e-3)     # 1 + max(2, 3)
+  assert times["sync"]["kernel_s"] == times["async"]["kernel_s"] == pytest.approx(3e-3)
