@@ -8,7 +8,7 @@
 #   ./run.sh ablate <benchmark> [--flags]     each optimization on/off, side by side
 #   ./run.sh sweep <benchmark> [--flags]      optimizations and layouts swept: CSV, Markdown, plots
 #   ./run.sh install tpu|cuda12|cuda13        the JAX wheels of an accelerator (CPU-only until then)
-#   ./run.sh scale <benchmark>|all [--chips=16,64]  Google's v0.6 TPU-v3 minutes, predicted beside published
+#   ./run.sh scale <benchmark>|all [--points=FILE]  TPU runs predicted from their compiled steps, beside measured
 #   ./run.sh perf [--quick] [--flags]         step, loop, input, eval, scaling and compile speed (runs/perf/)
 # On first use it creates .venv and installs the project (pinned versions) into it.
 set -euo pipefail

@@ -98,7 +98,15 @@ GENERATIONS: dict[str, Generation] = {
         ici_links_per_chip=4, torus_dims=2, ici_latency_s=_LATENCY,
         pod_chips=(32, 32),                     # 1024 chips, 2-D torus (Cloud v3 docs)
         sources=(S_V3, S_JOUPPI20, S_KUMAR19, S_SCALING, S_ASSUMED),
-        clock_hz=940e6),                        # 940 MHz (Jouppi et al. 2020, Table 3)
+        clock_hz=940e6,                         # 940 MHz (Jouppi et al. 2020, Table 3)
+        # Fitted on the measured train steps of Google's MLPerf v0.6 ResNet-50 at 16 and 1024
+        # chips (benchmarks/pod/points/google-v0.6-tpu-v3.json), the two ends of its scaling:
+        # `./run.sh scale all --fit --fit_on=resnet-16,resnet-1024` (2026-12-02). docs/pod.md
+        # gives the held-out points and why SSD's and the Transformer's are not fitted.
+        calibration=Calibration(
+            kernel_overhead_s=0.0, hbm_efficiency=0.715, ici_latency_s=0.93e-6,
+            fitted_on="resnet-16 and resnet-1024, Google's MLPerf v0.6 measured steps",
+            points=("resnet-16", "resnet-1024"))),
     "v4": Generation(
         # JAX on a v4 VM shows one device per chip (megacore; Cloud v4 docs); libtpu's
         # compile-only topology needs chip_config_name="megacore" for that (mesh/topology.py).

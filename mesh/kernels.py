@@ -122,14 +122,19 @@ def _dot_flops(ins: dict[str, str], shapes: dict[str, str], mxu: int) -> tuple[f
     rc = re.search(r"rhs_contracting_dims=\{([0-9,]*)\}", ins["rest"])
     rb = re.search(r"rhs_batch_dims=\{([0-9,]*)\}", ins["rest"])
     k = math.prod(lhs[int(i)] for i in c.group(1).split(",") if i) if c and lhs else 1
-    skip = {int(i) for g in (rc, rb) if g for i in g.group(1).split(",") if i}
-    n = math.prod(d for i, d in enumerate(rhs) if i not in skip) if rhs else 1
+    batch = {int(i) for i in rb.group(1).split(",") if i} if rb else set()
+    skip = {int(i) for i in rc.group(1).split(",") if i} if rc else set()
+    n = math.prod(d for i, d in enumerate(rhs) if i not in skip | batch) if rhs else 1
+    batches = math.prod(rhs[i] for i in batch if i < len(rhs)) if rhs else 1
   else:
     parts = hlo.conv_parts(ins, shapes)
     if parts is None:
       return flops, flops
     _, k, n = parts
-  scale = (_padded(k, mxu) / k if k else 1.0) * (_padded(n, mxu) / n if n else 1.0)
+    batches = 1
+  rows = math.prod(hlo._dims(ins["shape"])) / max(n * batches, 1)
+  scale = ((_padded(k, mxu) / k if k else 1.0) * (_padded(n, mxu) / n if n else 1.0)
+           * (max(rows, mxu) / rows if rows else 1.0))
   return flops, flops * scale
 
 

@@ -139,8 +139,14 @@ def _program(flops: float, nbytes: float):
   return cost, steptime.prepare(cost, V3, False, [(0, 0, 0, 0)], (1, 1))
 
 
+def _modelled_ms(ms_at_full_bandwidth: float) -> float:
+  """The step the model gives a one-kernel HBM-bound program under v3's calibration."""
+  cal = V3.calibration
+  return ms_at_full_bandwidth / cal.hbm_efficiency + 1e3 * cal.kernel_overhead_s
+
+
 def _stand_in(step_ms: float, eval_step_ms: float, eval_steps: int = 4):
-  """`scale.run`'s `compiled`: HBM-bound programs of the given times at the full bandwidth."""
+  """`scale.run`'s `compiled`: HBM-bound programs of these times at the full bandwidth."""
   dev = hardware.per_device(V3, megacore=False)
   calls = []
 
@@ -162,13 +168,14 @@ def test_prediction_adds_the_runs_steps_evaluations_and_host_terms(tmp_path):
   compiled, _ = _stand_in(100.0, 500.0, eval_steps=4)
   rows = scale.run([p], str(tmp_path), None, "", compiled=compiled, say=lambda s: None)
   got = rows["ssd"][0]["prediction"]
-  want_s = (p.host["startup_s"] + p.train_steps * 0.1 + p.evaluations * 4 * 0.5
+  step, eval_step = _modelled_ms(100.0) / 1e3, _modelled_ms(500.0) / 1e3
+  want_s = (p.host["startup_s"] + p.train_steps * step + p.evaluations * 4 * eval_step
             + p.host["final_scoring_s"])
-  assert got["modelled_step_ms"] == pytest.approx(100.0)
+  assert got["modelled_step_ms"] == pytest.approx(1e3 * step)
   assert got["modelled_minutes"] == pytest.approx(want_s / 60)
   assert got["minutes_ratio"] == pytest.approx(want_s / 60 / p.published_minutes)
-  assert got["step_ratio"] == pytest.approx(100.0 / p.measured_step_ms)
-  assert got["modelled_eval_s"] == pytest.approx(2.0) and not got["fitted"]
+  assert got["step_ratio"] == pytest.approx(1e3 * step / p.measured_step_ms)
+  assert got["modelled_eval_s"] == pytest.approx(4 * eval_step) and not got["fitted"]
 
 
 def test_the_verb_writes_table_json_plot_and_errors(tmp_path):
@@ -186,7 +193,7 @@ def test_the_verb_writes_table_json_plot_and_errors(tmp_path):
   published = [ln.split("|")[7].strip() for ln in table[1:]]
   assert published == ["10.20", "3.85"], table
   held = [ln for ln in text.splitlines() if "MAPE over the 2 held-out points" in ln]
-  ratios = [50.0 / p.measured_step_ms for p in chosen]
+  ratios = [_modelled_ms(50.0) / p.measured_step_ms for p in chosen]
   want = 100 * sum(abs(r - 1) for r in ratios) / 2
   assert held and f"{want:.1f}%" in held[0], text
   out = json.loads((tmp_path / "out" / "scale_transformer.json").read_text())
