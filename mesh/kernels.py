@@ -9,7 +9,10 @@ HLO module (`mesh.hlo.parse`) in the order the schedule runs them, with, for eac
   mxu_flops  the same with the contracted size (a convolution's input features x window) and
              the output features padded up to the width of the matrix unit (`mxu`: 128 on TPU
              v2-v5, the systolic array's side; Jouppi et al., CACM 63(7) 2020): a layer of 64
-             output channels fills half of a 128-wide array, and pays for all of it
+             output channels fills half of a 128-wide array, and pays for all of it; and the
+             rows streamed through each weight tile padded up to the same width, since the
+             array hides the shifting-in of the next tile only behind that many rows (double
+             buffering; Jouppi et al., ISCA 2017, section 2): a matmul of 4 rows costs 128
   bytes      what the kernel reads and writes in HBM: each operand once and the result, at the
              sizes of their *tiled* layouts (TPU HLO prints them: `f32[3,64]{1,0:T(8,128)}`
              holds 8 x 128 elements; `T(8,128)(2,1)` packs bf16 pairs in the same 8 x 128 tile);

@@ -206,3 +206,32 @@ def test_loop_trips_counted_in_tpu_programs():
                              with_eval=False, say=lambda s: None)
     out[opts] = s["train"]["flops_per_device"]
   assert out["grad_accum:2"] == pytest.approx(out["none"], rel=0.15)
+
+
+@pytest.mark.slow
+@needs_libtpu
+def test_scale_predicts_a_points_file_of_ones_own(tmp_path):
+  """`./run.sh scale all --points=FILE` end to end on a user's file: the tiny ResNet compiled
+  for a v3:2x2 slice, priced, its minutes = steps x step + evaluations x eval steps x eval
+  step + host terms, written as JSON."""
+  from benchmarks.pod import points, scale
+  topology.prepare_host()
+  path = tmp_path / "mine.json"
+  path.write_text(json.dumps({"points": [{
+      "name": "tiny-8", "benchmark": "resnet", "preset": "tiny", "topology": "v3:2x2",
+      "mesh": "data:8", "global_batch_size": 64,
+      "overrides": {"num_cpu_devices": 0, "layout": "batch:data", "eval_batch_size": 64,
+                    "bn_span": 16},
+      "train_steps": 100, "evaluations": 2, "host": {"startup_s": 3.0},
+      "measured": {"train_step_ms": 1.0}, "published_minutes": 1.0}]}))
+  chosen = scale.select(points.load(str(path)), "all")
+  rows = scale.run(chosen, str(tmp_path / "out"), None, str(tmp_path / "cache"),
+                   say=lambda s: None)
+  p = rows["resnet"][0]["prediction"]
+  assert p["modelled_step_ms"] > 0 and p["eval_step_ms"] > 0
+  want = (3.0 + 100 * p["modelled_step_ms"] / 1e3
+          + 2 * p["eval_steps"] * p["eval_step_ms"] / 1e3) / 60
+  assert p["modelled_minutes"] == pytest.approx(want)
+  assert p["step_ratio"] == pytest.approx(p["modelled_step_ms"] / 1.0)
+  out = json.loads((tmp_path / "out" / "scale_resnet.json").read_text())
+  assert out["benchmarks"]["resnet"][0]["point"]["name"] == "tiny-8"

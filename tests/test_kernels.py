@@ -46,6 +46,17 @@ def test_convolution_counts_only_window_positions_on_the_input():
   assert hlo._flops(padded, shapes) == 2 * 128 * 56 * 56 * 64 * 64
 
 
+def test_the_matrix_unit_pays_for_128_rows_per_weight_tile():
+  """4 rows through a 1024 x 1024 weight matrix: the array shifts each 128 x 128 weight tile in
+  behind 128 rows, so 4 rows cost as much as 128; 256 rows cost what they are."""
+  def dot(rows):
+    ins = {"name": "d", "op": "dot", "shape": f"f32[{rows},1024]", "args": "%x, %w",
+           "rest": ", lhs_contracting_dims={1}, rhs_contracting_dims={0}"}
+    return kernels._dot_flops(ins, {"x": f"bf16[{rows},1024]", "w": "bf16[1024,1024]"}, 128)
+  assert dot(4) == (2 * 4 * 1024 * 1024, 2 * 128 * 1024 * 1024)
+  assert dot(256) == (2 * 256 * 1024 * 1024,) * 2
+
+
 # --- programs the TPU compiler compiled ---------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -267,9 +267,7 @@ def table(rows: list[dict]) -> str:
                    + [fmt(c) for c in cells[1:]])
 
 
-def mapes(rows: list[dict]) -> dict[str, Any]:
-  """MAPE (%) of the step and of the minutes over the fitted and the held-out points, with
-  how many points each has and how many are within WITHIN."""
+def _mape_groups(rows: list[dict]) -> dict[str, Any]:
   out = {}
   for group in ("fitted", "held_out"):
     mine = [r["prediction"] for r in rows if r["prediction"]["fitted"] == (group == "fitted")]
@@ -282,13 +280,25 @@ def mapes(rows: list[dict]) -> dict[str, Any]:
   return out
 
 
+def mapes(rows: list[dict]) -> dict[str, Any]:
+  """MAPE (%) of the step and of the minutes over the fitted and the held-out points, with
+  how many points each has and how many are within WITHIN; the same per benchmark."""
+  names = list(dict.fromkeys(r["point"]["benchmark"] for r in rows))
+  return {**_mape_groups(rows), "by_benchmark": {
+      n: _mape_groups([r for r in rows if r["point"]["benchmark"] == n]) for n in names}}
+
+
 def errors(rows: list[dict]) -> str:
+  m = mapes(rows)
   lines = []
-  for key, v in mapes(rows).items():
-    if v["points"]:
+  for label, groups in [("all points", m)] + list(m["by_benchmark"].items()):
+    for key, v in groups.items():
+      if key == "by_benchmark" or not v["points"]:
+        continue
       group, what = key.rsplit("_", 1)
-      lines.append(f"{what:>7} MAPE over the {v['points']} {group.replace('_', '-')} points: "
-                   f"{v['mape_pct']:.1f}% ({v['within']} within {WITHIN:.0%})")
+      lines.append(f"{label:>12}: {what:>7} MAPE over the {v['points']} "
+                   f"{group.replace('_', '-')} points: {v['mape_pct']:.1f}% ({v['within']} "
+                   f"within {WITHIN:.0%})")
   return "\n".join(lines)
 
 
@@ -312,11 +322,11 @@ def plot(rows: dict[str, list[dict]], path: str) -> None:
     ax.fill_between([lo, hi], [lo * (1 - WITHIN), hi * (1 - WITHIN)],
                     [lo * (1 + WITHIN), hi * (1 + WITHIN)], color="0.85",
                     label=f"within {WITHIN:.0%}")
-    for name in rows:
+    for i, name in enumerate(rows):
       for fitted, marker in ((False, "o"), (True, "*")):
         mine = [(a, b) for a, b, n, f in steps if n == name and f == fitted]
         if mine:
-          ax.plot(*zip(*mine), marker, ms=9 if fitted else 6, ls="none",
+          ax.plot(*zip(*mine), marker, color=f"C{i}", ms=11 if fitted else 6, ls="none",
                   label=f"{name}{' (fitted)' if fitted else ''}")
     ax.set_xscale("log")
     ax.set_yscale("log")
