@@ -39,7 +39,7 @@ _COND = re.compile(r"\bcondition=%(?P<c>[^\s,)}]+)")
 _DIMS = re.compile(r"[a-z0-9]+\[(?P<d>[0-9,]*)\]")
 
 
-def _dims(shape: str) -> list[int]:
+def dims(shape: str) -> list[int]:
   m = _DIMS.match(shape)
   return [int(d) for d in m.group("d").split(",") if d] if m else []
 
@@ -95,7 +95,7 @@ def parse(hlo_text: str) -> Parsed:
   return comps, entry
 
 
-def _operands(ins: dict[str, str]) -> list[str]:
+def operands(ins: dict[str, str]) -> list[str]:
   args = re.sub(r"/\*.*?\*/", "", ins["args"])
   return [a.strip().lstrip("%") for a in args.split(",") if a.strip()]
 
@@ -110,8 +110,8 @@ def _constant(name: str, by_name: dict[str, dict[str, str]], depth: int = 0) -> 
       return int(ins["args"].strip())
     except ValueError:
       return None
-  if ins["op"] in ("copy", "bitcast", "convert") and _operands(ins):
-    return _constant(_operands(ins)[0], by_name, depth + 1)
+  if ins["op"] in ("copy", "bitcast", "convert") and operands(ins):
+    return _constant(operands(ins)[0], by_name, depth + 1)
   return None
 
 
@@ -125,16 +125,16 @@ def _inferred_trips(ins, comps, by_name) -> int | None:
   root = body[-1]
   if root["op"] != "compare" or "direction=LT" not in root["rest"]:
     return None
-  a, b = (_operands(root) + [None, None])[:2]
+  a, b = (operands(root) + [None, None])[:2]
   index = local.get(a)
   limit = _constant(b, local) if b else None
   if index is None or index["op"] != "get-tuple-element" or limit is None:
     return None
   k = re.search(r"index=([0-9]+)", index["rest"])
-  init = by_name.get(_operands(ins)[0]) if _operands(ins) else None
+  init = by_name.get(operands(ins)[0]) if operands(ins) else None
   if not k or init is None or init["op"] != "tuple":
     return None
-  elements = _operands(init)
+  elements = operands(init)
   start = _constant(elements[int(k.group(1))], by_name) if int(k.group(1)) < len(elements) \
       else None
   return None if start is None else max(0, limit - start)
@@ -207,11 +207,11 @@ def _valid_pairs(in_size: int, out_size: int, size: int, stride: int, pad_lo: in
 def conv_parts(ins: dict[str, str], shapes: dict[str, str]) -> tuple[float, int, int] | None:
   """(multiply-adds, contracted size per output element, output features) of a convolution,
   counting only the window positions that read the input; None when its shapes are unknown."""
-  operands = _operands(ins)
-  if len(operands) < 2:
+  ops = operands(ins)
+  if len(ops) < 2:
     return None
-  lhs, rhs, out = (_dims(shapes.get(operands[0], "")), _dims(shapes.get(operands[1], "")),
-                   _dims(ins["shape"]))
+  lhs, rhs, out = (dims(shapes.get(ops[0], "")), dims(shapes.get(ops[1], "")),
+                   dims(ins["shape"]))
   labels = re.search(r"dim_labels=([^_\s]+)_([^-\s]+)->([^,\s]+)", ins["rest"])
   if not labels or not lhs or not rhs or not out:
     return None
@@ -232,13 +232,13 @@ def conv_parts(ins: dict[str, str], shapes: dict[str, str]) -> tuple[float, int,
   return macs, max(1, round(contracted)), features_out
 
 
-def _flops(ins: dict[str, str], shapes: dict[str, str]) -> float:
+def flops(ins: dict[str, str], shapes: dict[str, str]) -> float:
   """2 x multiply-adds of a dot (output elements x contracted elements) or a convolution
   (`conv_parts`: padding and dilation holes not counted); 0 for other ops."""
-  out = math.prod(_dims(ins["shape"]))
-  operands = _operands(ins)
+  out = math.prod(dims(ins["shape"]))
+  ops = operands(ins)
   if ins["op"] == "dot":
-    lhs = _dims(shapes.get(operands[0], ""))
+    lhs = dims(shapes.get(ops[0], ""))
     m = re.search(r"lhs_contracting_dims=\{([0-9,]*)\}", ins["rest"])
     contracted = [lhs[int(i)] for i in m.group(1).split(",") if i] if m and lhs else []
     return 2.0 * out * math.prod(contracted)
@@ -262,7 +262,7 @@ def loop_flops(hlo_text: str, unknown_trips: int | None = None, parsed: Parsed |
   for name, body in comps.items():
     m = mult.get(name, 1)
     if m > 1:
-      extra += (m - 1) * sum(_flops(ins, shapes) for ins in body)
+      extra += (m - 1) * sum(flops(ins, shapes) for ins in body)
   return {"extra_flops": extra, "loops": loops,
           "unknown_trips": sum(1 for lp in loops if lp["trips"] is None), "runs": mult}
 

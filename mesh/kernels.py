@@ -60,7 +60,7 @@ COLLECTIVES = ("all-reduce", "reduce-scatter", "all-gather", "collective-permute
                "ragged-all-to-all", "collective-broadcast")
 # Instructions that launch no kernel: tuples and their elements, views, constants, markers.
 FREE = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant", "after-all",
-        "partition-id", "replica-id", "opt-barrier", "add-dependency", "domain", "iota"}
+        "partition-id", "replica-id", "opt-barrier", "add-dependency", "domain"}
 CONTROL = {"while", "call", "conditional"}
 SLICING = {"dynamic-slice", "slice", "gather"}
 
@@ -114,13 +114,13 @@ def _padded(n: int, width: int) -> int:
 
 def _dot_flops(ins: dict[str, str], shapes: dict[str, str], mxu: int) -> tuple[float, float]:
   """(flops, mxu_flops) of one dot or convolution."""
-  flops = hlo._flops(ins, shapes)
+  flops = hlo.flops(ins, shapes)
   if not flops:
     return 0.0, 0.0
-  operands = hlo._operands(ins)
+  operands = hlo.operands(ins)
   if ins["op"] == "dot":
-    lhs = hlo._dims(shapes.get(operands[0], ""))
-    rhs = hlo._dims(shapes.get(operands[1], "")) if len(operands) > 1 else []
+    lhs = hlo.dims(shapes.get(operands[0], ""))
+    rhs = hlo.dims(shapes.get(operands[1], "")) if len(operands) > 1 else []
     c = re.search(r"lhs_contracting_dims=\{([0-9,]*)\}", ins["rest"])
     rc = re.search(r"rhs_contracting_dims=\{([0-9,]*)\}", ins["rest"])
     rb = re.search(r"rhs_batch_dims=\{([0-9,]*)\}", ins["rest"])
@@ -135,7 +135,7 @@ def _dot_flops(ins: dict[str, str], shapes: dict[str, str], mxu: int) -> tuple[f
       return flops, flops
     _, k, n = parts
     batches = 1
-  rows = math.prod(hlo._dims(ins["shape"])) / max(n * batches, 1)
+  rows = math.prod(hlo.dims(ins["shape"])) / max(n * batches, 1)
   scale = ((_padded(k, mxu) / k if k else 1.0) * (_padded(n, mxu) / n if n else 1.0)
            * (max(rows, mxu) / rows if rows else 1.0))
   return flops, flops * scale
@@ -175,7 +175,7 @@ def _users(body: list[dict[str, str]]) -> dict[str, list[tuple[dict[str, str], i
   """name -> [(user instruction, operand position)] within one computation."""
   out: dict[str, list[tuple[dict[str, str], int]]] = {}
   for ins in body:
-    for pos, name in enumerate(hlo._operands(ins)):
+    for pos, name in enumerate(hlo.operands(ins)):
       out.setdefault(name, []).append((ins, pos))
   return out
 
@@ -219,14 +219,14 @@ def _written_bytes(comp: str, comps, result_shape: str) -> float:
     return shape_bytes(result_shape)
   by_name = {i["name"]: i for i in body}
   root = body[-1]
-  outputs = ([by_name.get(n) for n in hlo._operands(root)] if root["op"] == "tuple"
+  outputs = ([by_name.get(n) for n in hlo.operands(root)] if root["op"] == "tuple"
              else [root])
   total = 0.0
   for out in outputs:
     if out is None:
       continue
     if out["op"] == "dynamic-update-slice":
-      ops = hlo._operands(out)
+      ops = hlo.operands(out)
       update = by_name.get(ops[1]) if len(ops) > 1 else None
       total += shape_bytes(update["shape"]) if update else shape_bytes(out["shape"])
     else:
@@ -241,14 +241,14 @@ def _fusion_bytes(ins, comps, shapes) -> float:
   params = {_param_index(i): i["name"] for i in body if i["op"] == "parameter"}
   users = _users(body)
   read = 0.0
-  for pos, operand in enumerate(dict.fromkeys(hlo._operands(ins))):
+  for pos, operand in enumerate(dict.fromkeys(hlo.operands(ins))):
     full = shape_bytes(shapes.get(operand, ""))
     read += _read_bytes(params[pos], full, users, comps) if pos in params else full
   return read + _written_bytes(comp, comps, ins["shape"])
 
 
 def _op_bytes(ins, shapes) -> float:
-  operands = hlo._operands(ins)
+  operands = hlo.operands(ins)
   if ins["op"] in SLICING:
     return 2 * shape_bytes(ins["shape"])
   if ins["op"] == "dynamic-update-slice" and len(operands) > 1:
@@ -340,6 +340,7 @@ def steps(text: str, mxu: int = 128, parsed: hlo.Parsed | None = None,
   runs, loops = hlo.multipliers(text, unknown_trips, parsed)
   trips = {lp["body"]: lp for lp in loops}
   shapes = shapes_of(parsed)
+  wrapped: dict[str, str] = {}          # async-start -> the collective it wraps
   out: dict[str, list[dict[str, Any]]] = {}
   for name in running(parsed, runs):
     seq = []
@@ -361,9 +362,16 @@ def steps(text: str, mxu: int = 128, parsed: hlo.Parsed | None = None,
         seq.append({"kind": "call", "computations": called, "branches": bool(b)})
       elif base in COLLECTIVES or op in ("async-start", "async-done"):
         if op.endswith("-done"):
-          operands = hlo._operands(ins)
-          seq.append({"kind": "done", "name": ins["name"],
-                      "start": operands[0] if operands else None})
+          operands = hlo.operands(ins)
+          start = operands[0] if operands else None
+          seq.append({"kind": "done", "name": ins["name"], "start": wrapped.get(start, start)})
+        elif op == "async-start":         # a collective wrapped in its own computation
+          called = _CALLS.search(ins["rest"])
+          inner = next((i for i in comps.get(called.group("c"), []) if i["op"] in COLLECTIVES),
+                       None) if called else None
+          if inner is not None:           # priced under its own name (`mesh.cost.collectives`)
+            wrapped[ins["name"]] = inner["name"]
+            seq.append({"kind": "start", "name": inner["name"], "op": inner["op"]})
         else:
           seq.append({"kind": "start" if op.endswith("-start") else "collective",
                       "name": ins["name"], "op": base})

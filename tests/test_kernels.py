@@ -36,14 +36,14 @@ def test_convolution_counts_only_window_positions_on_the_input():
   shapes = {"x": "bf16[8,32,32,64]", "w": "bf16[3,3,64,96]"}
   same = {"name": "c", "op": "convolution", "shape": "bf16[8,32,32,96]", "args": "%x, %w",
           "rest": ", window={size=3x3 pad=1_1x1_1}, dim_labels=b01f_01io->b01f"}
-  assert hlo._flops(same, shapes) == 2 * 8 * 96 * 64 * 94 * 94
+  assert hlo.flops(same, shapes) == 2 * 8 * 96 * 64 * 94 * 94
   macs, contracted, features = hlo.conv_parts(same, shapes)
   assert contracted == round(64 * 94 * 94 / (32 * 32)) and features == 96
   shapes = {"w": "bf16[1,1,64,64]", "a": "bf16[128,56,56,64]"}
   padded = {"name": "c", "op": "convolution", "shape": "bf16[128,56,56,64]", "args": "%w, %a",
             "rest": ", window={size=56x56 pad=55_55x55_55 rhs_reversal=1x1}, "
                     "dim_labels=01bf_o01i->f01b"}
-  assert hlo._flops(padded, shapes) == 2 * 128 * 56 * 56 * 64 * 64
+  assert hlo.flops(padded, shapes) == 2 * 128 * 56 * 56 * 64 * 64
 
 
 def test_the_matrix_unit_pays_for_128_rows_per_weight_tile():
@@ -188,3 +188,41 @@ def test_the_schedule_overlaps_only_asynchronous_collectives():
   assert times["sync"]["step_s"] == pytest.approx(6e-3)      # 3 kernels + 3 ms
   assert times["async"]["step_s"] == pytest.approx(4e-3)     # 1 + max(2, 3)
   assert times["sync"]["kernel_s"] == times["async"]["kernel_s"] == pytest.approx(3e-3)
+
+
+ASYNC = """HloModule m, is_scheduled=true, num_partitions=4
+%wrapped_reduce_scatter (p: f32[4,1024]) -> f32[1,1024] {
+  %p = f32[4,1024]{1,0:T(8,128)} parameter(0)
+  ROOT %rs = f32[1,1024]{1,0:T(8,128)} reduce-scatter(%p), replica_groups={{0,1,2,3}}, dimensions={0}, to_apply=%add
+}
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[]{:T(256)} parameter(0)
+  %b = f32[]{:T(256)} parameter(1)
+  ROOT %s = f32[]{:T(256)} add(%a, %b)
+}
+ENTRY %main (x: f32[4,1024], y: f32[1024,1024]) -> (f32[1,1024], f32[1024,1024], f32[4,1024]) {
+  %x = f32[4,1024]{1,0:T(8,128)} parameter(0)
+  %y = f32[1024,1024]{1,0:T(8,128)} parameter(1)
+  %ars = f32[4,1024]{1,0:T(8,128)} all-reduce-start(%x), replica_groups={{0,1,2,3}}, to_apply=%add
+  %rss = ((f32[4,1024]), f32[1,1024]) async-start(%x), calls=%wrapped_reduce_scatter
+  %neg = f32[1024,1024]{1,0:T(8,128)} negate(%y)
+  %rsd = f32[1,1024]{1,0:T(8,128)} async-done(%rss), calls=%wrapped_reduce_scatter
+  %ard = f32[4,1024]{1,0:T(8,128)} all-reduce-done(%ars)
+  ROOT %t = (f32[1,1024]{1,0:T(8,128)}, f32[1024,1024]{1,0:T(8,128)}, f32[4,1024]{1,0:T(8,128)}) tuple(%rsd, %neg, %ard)
+}
+"""  # noqa: E501 (HLO lines as the compiler prints them)
+
+
+def test_asynchronous_collectives_pair_their_halves_by_the_collective_they_run():
+  """An all-reduce-start/-done pair and a reduce-scatter wrapped in async-start/-done, around
+  one kernel: both start before it and are waited for after it, under the names
+  `mesh.cost.collectives` prices them by."""
+  from mesh import cost
+  program = kernels.steps(ASYNC)
+  seq = program["computations"]["main"]
+  assert [(s["kind"], s.get("name"), s.get("start")) for s in seq] == [
+      ("start", "ars", None), ("start", "rs", None), ("kernel", None, None),
+      ("done", "rsd", "rs"), ("done", "ard", "ars")]
+  assert seq[2]["kernel"]["bytes"] == 2 * 1024 * 1024 * 4
+  names = {c.name for c in cost.collectives(ASYNC)}
+  assert names == {"ars", "rs"}
