@@ -20,6 +20,11 @@ from typing import Any, Callable, NamedTuple
 
 from benchmarks.data import Data
 
+# A training step's FLOPs over its forward pass's: the backward pass computes the gradients of
+# both the activations and the weights, twice the forward's matmuls (Kaplan et al. 2020, section
+# 2.1: C = 6N per token against 2N forward).
+TRAIN_FLOPS = 3
+
 
 @dataclasses.dataclass(frozen=True)
 class Spec:
@@ -34,10 +39,14 @@ class Spec:
   eval_loop_bound: str = ""        # the Config field that bounds the trips of a loop in the
                                    # eval step that ends on a condition (beam search's most
                                    # decoded tokens); compile-only models price that many
+  weight_unit: str = "examples"    # what the loss's weight counts (LossAux): "examples" or
+                                   # "tokens" (real ones, padding excluded): the runs' tokens/s
 
   def __post_init__(self):
     if self.cadence not in ("epochs", "samples"):
       raise ValueError(f"cadence is 'epochs' or 'samples', not {self.cadence!r}")
+    if self.weight_unit not in ("examples", "tokens"):
+      raise ValueError(f"weight_unit is 'examples' or 'tokens', not {self.weight_unit!r}")
 
   def target(self, cfg) -> float:
     return float(getattr(cfg, self.target_field))
@@ -74,6 +83,9 @@ class Task:
   quality(stats reduced over the eval set) -> float, compared with the Spec's target.
   warm_start() -> {"params": {...}, "model_state": {...}}: partial trees of host arrays that
     replace the initialized values at the same paths (pretrained weights), or None.
+  flops_per_example: the model FLOPs of one training example, forward and backward (3 x the
+    model's analytic forward count, `forward_flops`), for model FLOPs utilization; None: not
+    counted.
   hparams: (key, value) or (key, value, metadata) MLPerf events the benchmark owns (the loop
     logs seed, global_batch_size and gradient_accumulation_steps itself).
   """
@@ -87,3 +99,4 @@ class Task:
   hparams: tuple[tuple, ...]
   host_stats: Callable[[dict, dict], dict] | None = None
   warm_start: Callable[[], dict] | None = None
+  flops_per_example: float | None = None

@@ -157,10 +157,13 @@ class Observer:
 
   # --- TensorBoard scalars -------------------------------------------------------------------
 
-  def window(self, fetched: list[tuple[int, dict]], step_times: list[float]) -> None:
+  def window(self, fetched: list[tuple[int, dict]], step_times: list[float],
+             rates=None) -> None:
     """A fetched window (`MetricsWindow.fetched`: each step's (global step, metrics on the host)),
     `step_times` with the window's per-step seconds at its end. Each step's metrics at its
-    step; step time and examples/s once, at the window's last step."""
+    step; step time and examples/s once, at the window's last step, and the rest of what
+    `rates` (a `benchmarks.loop.throughput.Throughput`) gives: per-device examples/s, tokens/s,
+    model TFLOP/s and MFU."""
     if self._events is None or not fetched:
       return
     step_s = step_times[-1] if step_times else float("nan")
@@ -178,6 +181,13 @@ class Observer:
       self._events.add_scalar("perf/step_s", step_s, last, walltime=now)
       self._events.add_scalar("perf/examples_per_s", self.global_batch / step_s, last,
                               walltime=now)
+      if rates is not None:
+        weight = fetched[-1][1].get("weight")
+        got = rates.rates(step_s, None if weight is None else float(weight))
+        for name in ("examples_per_s_per_device", "tokens_per_s", "tokens_per_s_per_device",
+                     "model_tflops_per_s_per_device", "mfu"):
+          if got[name] is not None:
+            self._events.add_scalar(f"perf/{name}", got[name], last, walltime=now)
 
   def evaluation(self, step: int, quality: float, eval_s: float) -> None:
     """The quality at an evaluation after global step `step` (summary.json's "quality": the

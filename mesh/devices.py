@@ -11,6 +11,14 @@ from mesh.errors import UserError
 from mesh.spec import MeshSpec
 
 
+def cache_root() -> str:
+  """Where meshperf keeps what it makes once per machine (tokenizers, generated datasets, the
+  CPU's measured peak): `$MESHPERF_CACHE`, else `$XDG_CACHE_HOME/meshperf`, else
+  `~/.cache/meshperf`."""
+  return os.environ.get("MESHPERF_CACHE") or os.path.join(
+      os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "meshperf")
+
+
 def use_cpu_devices(n: int) -> None:
   """Simulates `n` CPU devices. Must run before jax creates its backends."""
   if n <= 0:

@@ -24,6 +24,7 @@ S_V3 = "https://cloud.google.com/tpu/docs/v3 (Cloud TPU v3 system architecture)"
 S_V4 = "https://cloud.google.com/tpu/docs/v4 (Cloud TPU v4 system architecture)"
 S_V5E = "https://cloud.google.com/tpu/docs/v5e (Cloud TPU v5e system architecture)"
 S_V5P = "https://cloud.google.com/tpu/docs/v5p (Cloud TPU v5p system architecture)"
+S_V6E = "https://cloud.google.com/tpu/docs/v6e (Cloud TPU v6e (Trillium) system architecture)"
 S_JOUPPI20 = ("Jouppi et al., A Domain-Specific Supercomputer for Training Deep Neural Networks, "
               "CACM 63(7), 2020 (TPUv2/v3: 2-D torus, 4 ICI links per chip)")
 S_V4PAPER = ("Jouppi et al., TPU v4: An Optically Reconfigurable Supercomputer for Machine "
@@ -145,6 +146,19 @@ GENERATIONS: dict[str, Generation] = {
         ici_links_per_chip=6, torus_dims=3, ici_latency_s=_LATENCY,
         pod_chips=(16, 20, 28),                 # 8960 chips, 3-D torus (Cloud v5p docs)
         sources=(S_V5P, S_V4PAPER, S_SCALING, S_ASSUMED)),
+    "v6e": Generation(
+        name="v6e", device_kind="TPU v6 lite", cores_per_chip=1, megacore_default=False,
+        hbm_bytes_per_chip=32 * GiB,            # 32 GB (Cloud v6e docs)
+        peak_flops_per_chip=918e12,             # 918 TFLOPs bf16 (Cloud v6e docs)
+        hbm_bytes_per_s_per_chip=1638e9,        # 1638 GBps (Cloud v6e docs)
+        # Cloud v6e docs: 800 GBps bidirectional ICI per chip over 4 ICI ports:
+        # 800e9 / 4 / 2 = 100 GB/s per link per direction. Cross-check: the 16x16 torus pod's
+        # bisection, 16 x 2 = 32 links x 100 GB/s = 3.2 TB/s, is what the docs list.
+        ici_link_bytes_per_s=100e9,
+        ici_links_per_chip=4, torus_dims=2, ici_latency_s=_LATENCY,
+        pod_chips=(16, 16),                     # 256 chips, 2-D torus (Cloud v6e docs)
+        sources=(S_V6E, S_ASSUMED),
+        mxu_width=256),                         # two 256 x 256 MXUs per TensorCore (v6e docs)
 }
 
 
@@ -193,3 +207,52 @@ def wraparound(gen: Generation, chips: tuple[int, ...]) -> tuple[bool, ...]:
     return tuple(cubes and n > 1 for n in chips)
   pod = gen.pod_chips + (1,) * (len(chips) - len(gen.pod_chips))
   return tuple(n > 1 and n == p for n, p in zip(chips, pod))
+
+
+# --- the peak of any JAX device, for model FLOPs utilization ------------------------------------
+
+# NVIDIA GPUs: dense bfloat16 tensor-core FLOP/s (the datasheets also give twice these "with
+# sparsity", which dense training does not reach). The first pattern found in a device_kind
+# (e.g. "NVIDIA H100 80GB HBM3") wins.
+GPU_PEAKS = (
+    ("B200", 2.25e15, "NVIDIA HGX B200 datasheet: 2.25 PFLOPS FP16/BF16 dense per GPU"),
+    ("H200", 989e12, "NVIDIA H200 datasheet: 989 TFLOPS BF16 dense (SXM)"),
+    ("H100 PCIe", 756e12, "NVIDIA H100 datasheet: 756 TFLOPS BF16 dense (PCIe)"),
+    ("H100", 989e12, "NVIDIA H100 datasheet: 989 TFLOPS BF16 dense (SXM)"),
+    ("A100", 312e12, "NVIDIA A100 datasheet: 312 TFLOPS BF16 dense"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Peak:
+  """The peak matrix FLOP/s of one JAX device, with where the figure comes from; `flops` None
+  when no figure is known for the device (`source` then says so: never a guess)."""
+  device_kind: str
+  flops: float | None
+  source: str
+
+
+def device_peak(platform: str, device_kind: str, cpu_devices: int = 1,
+                cpu_flops: float | None = None) -> Peak:
+  """The peak of one device of `platform` ("tpu", "gpu", "cpu") and `device_kind` (jax's):
+  a TPU's from its generation (a core on v2/v3, a chip elsewhere, as JAX shows them), a GPU's
+  from GPU_PEAKS, a CPU's from `cpu_flops` (the host's measured matmul rate, shared by its
+  `cpu_devices` simulated devices)."""
+  if platform == "tpu":
+    for gen in GENERATIONS.values():
+      if gen.device_kind == device_kind:
+        dev = per_device(gen, gen.megacore_default)
+        return Peak(device_kind, dev["peak_flops"], f"{gen.name} bf16 peak per "
+                    f"{'chip' if gen.megacore_default or gen.cores_per_chip == 1 else 'core'}: "
+                    f"{gen.sources[0]}")
+  elif platform == "gpu":
+    for pattern, flops, source in GPU_PEAKS:
+      if pattern in device_kind:
+        return Peak(device_kind, flops, source)
+  elif platform == "cpu" and cpu_flops:
+    return Peak(device_kind, cpu_flops / max(cpu_devices, 1),
+                f"measured on this host: {cpu_flops / 1e9:.1f} GFLOP/s of float32 matmul over "
+                f"all its cores (not a published peak), shared by {cpu_devices} simulated "
+                f"device(s)")
+  return Peak(device_kind, None, f"no peak known for a {platform} device of kind "
+              f"'{device_kind}' (mesh/hardware.py lists the known ones); MFU not reported")

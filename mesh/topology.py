@@ -2,15 +2,17 @@
 
 A topology name is `<generation>:<chips per dimension>`, the form libtpu and Cloud TPU use:
 `v3:32x32` (1024 TPU-v3 chips, the full pod of Kumar et al., arXiv 1909.09756), `v4:8x8x16`,
-`v5p:8x8x16`, `v5e:16x16`, `v2:16x16`. libtpu (the `tpu` extra, `jax[tpu]`) builds the slice's
-devices without any TPU present (`jax.experimental.topologies.get_topology_desc`); `jax.jit(...)
-.lower(abstract inputs).compile()` then runs the real TPU compiler, whose cost and memory
-analyses and HLO describe the program a pod would run.
+`v5p:8x8x16`, `v5e:16x16`, `v6e:16x16`, `v2:16x16`. libtpu (the `tpu` extra, `jax[tpu]`)
+builds the slice's devices without any TPU present
+(`jax.experimental.topologies.get_topology_desc`); `jax.jit(...).lower(abstract inputs)
+.compile()` then runs the real TPU compiler, whose cost and memory analyses and HLO describe
+the program a pod would run.
 
 Devices are what JAX would give on the slice: one per TensorCore on v2 and v3 (two per chip),
 one per chip on v4 and v5p (megacore: the chip's two TensorCores act as one device, JAX's
-default there), one per chip on v5e (one TensorCore). A `:cores` suffix asks for one device per
-TensorCore on v4 (`v4:8x8x16:cores`, 2048 devices; libtpu offers no such split of v5p chips).
+default there), one per chip on v5e and v6e (one TensorCore). A `:cores` suffix asks for one
+device per TensorCore on v4 (`v4:8x8x16:cores`, 2048 devices; libtpu offers no such split of
+v5p chips).
 """
 
 from __future__ import annotations
@@ -22,9 +24,9 @@ import re
 from mesh import hardware
 from mesh.errors import UserError
 
-GENERATIONS = ("v2", "v3", "v4", "v5e", "v5p")
-_DIMS = {"v2": 2, "v3": 2, "v4": 3, "v5e": 2, "v5p": 3}
-_NAME = re.compile(r"^(v2|v3|v4|v5e|v5p):(\d+(?:x\d+)*)(:cores)?$")
+GENERATIONS = ("v2", "v3", "v4", "v5e", "v5p", "v6e")
+_DIMS = {"v2": 2, "v3": 2, "v4": 3, "v5e": 2, "v5p": 3, "v6e": 2}
+_NAME = re.compile(r"^(v2|v3|v4|v5e|v5p|v6e):(\d+(?:x\d+)*)(:cores)?$")
 INSTALL = "./run.sh install tpu   (or: .venv/bin/pip install -e '.[tpu]')"
 
 
@@ -73,7 +75,8 @@ def parse(text: str) -> Topology:
 
 
 def accelerator_type(topo: Topology) -> str:
-  """Cloud TPU's name of the slice: v2/v3/v4/v5p count TensorCores ("v3-2048"), v5e chips."""
+  """Cloud TPU's name of the slice: v2/v3/v4/v5p count TensorCores ("v3-2048"), v5e and v6e
+  chips (one TensorCore each: "v6e-256")."""
   if topo.generation == "v5e":
     return f"v5litepod-{topo.num_chips}"
   cores = topo.num_chips * hardware.GENERATIONS[topo.generation].cores_per_chip

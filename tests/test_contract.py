@@ -50,6 +50,11 @@ def test_tiny_preset_end_to_end(name, tmp_path, monkeypatch):
   assert summary["steps"] > 0 and summary["evals"] and summary["final_quality"] is not None
   assert summary["mlperf_benchmark"] == spec.mlperf_name
   assert summary["higher_is_better"] == spec.higher_is_better
+  t = summary["throughput"]          # the benchmark's analytic FLOPs, the CPU's measured peak
+  assert t["model_flops_per_step"] > 0 and 0 < t["mfu"] < 1
+  assert t["examples_per_s_per_device"] == pytest.approx(t["examples_per_s"] / summary["devices"])
+  assert "measured on this host" in t["peak_source"]
+  assert (t["tokens_per_s"] is not None) == (spec.weight_unit == "tokens")
   log = (out / "result_0.txt").read_text()
   for key in ("seed", "global_batch_size", "gradient_accumulation_steps"):   # the loop's, once
     assert log.count(f'"key": "{key}"') == 1, key

@@ -68,6 +68,7 @@ def test_throughput_sweep_writes_csv_markdown_and_plots(timed):
   for r in table:
     assert float(r["step_ms"]) > 0 and float(r["eval_ms"]) > 0 and float(r["step_ratio"]) > 0
     assert float(r["examples_per_s"]) == pytest.approx(32e3 / float(r["step_ms"]))
+    assert 0 < float(r["mfu"]) < 1 and float(r["model_tflops_per_s_per_device"]) > 0
     assert int(r["memory_bytes"]) > 0 and int(r["timed_steps"]) == 1
   assert float(by["none"]["step_ratio"]) == 1.0
   md = (out / "sweep.md").read_text()

@@ -168,3 +168,50 @@ class Block(nn.Module):
     if residual.shape != y.shape:
       residual = bn()(conv(x, out_features, 1, self.strides, dtype=self.dtype), train)
     return constrain(nn.relu(y + residual), ACT)
+
+
+# --- analytic FLOPs (model FLOPs utilization, `benchmarks.loop.train`) --------------------------
+# 2 x the multiply-adds of the convolutions and dense layers; window positions on the zero padding
+# are not counted (as XLA's cost analysis counts them). Batch norm, ReLU and pooling are not
+# counted (the usual convention: they are a few percent of the work and not matrix-unit FLOPs).
+
+def conv_flops(size: int, cin: int, cout: int, kernel: int, stride: int = 1,
+               pad: int | None = None) -> tuple[float, int]:
+  """(FLOPs, output size) of a square convolution on a size x size x cin input (`conv`'s
+  padding, kernel // 2, by default)."""
+  pad = kernel // 2 if pad is None else pad
+  out = (size + 2 * pad - kernel) // stride + 1
+  pairs = sum(1 for o in range(out) for k in range(kernel) if 0 <= o * stride - pad + k < size)
+  return 2.0 * cout * cin * pairs * pairs, out
+
+
+def stem_flops(size: int, width: int) -> tuple[float, int]:
+  """`stem`: the 7x7 stride-2 convolution of the RGB image (the max pool is not counted)."""
+  flops, size = conv_flops(size, 3, width, 7, 2)
+  return flops, (size + 2 - 3) // 2 + 1
+
+
+def blocks_flops(size: int, cin: int, width: int, stages, bottleneck: bool, stride
+                 ) -> tuple[float, int, int]:
+  """(FLOPs, output size, output channels) of `Block`s: stage i of `stages` (blocks per stage)
+  has features width * 2**i; `stride(i, j)` is block j of stage i's stride."""
+  total = 0.0
+  for i, blocks in enumerate(stages):
+    features = width * 2**i
+    out_features = features * (4 if bottleneck else 1)
+    for j in range(blocks):
+      s = stride(i, j)
+      if bottleneck:
+        f1, _ = conv_flops(size, cin, features, 1)
+        f2, out = conv_flops(size, features, features, 3, s)
+        f3, _ = conv_flops(out, features, out_features, 1)
+        total += f1 + f2 + f3
+      else:
+        f1, out = conv_flops(size, cin, features, 3, s)
+        f2, _ = conv_flops(out, features, out_features, 3)
+        total += f1 + f2
+      if cin != out_features or out != size:            # the projected residual
+        total += conv_flops(size, cin, out_features, 1, s)[0]
+      size, cin = out, out_features
+  return total, size, cin
+

@@ -201,3 +201,26 @@ class SelfAttentionBlock(nn.Module):
     x = x + drop(Attention(c.num_heads, c.d_kv, c.attention_dropout, c.dtype)(y, y, bias, train))
     y = LayerNorm(c.dtype)(x)
     return x + drop(FeedForward(c.d_ff, c.dropout, c.dtype)(y, train))
+
+
+# --- analytic FLOPs (model FLOPs utilization, `benchmarks.loop.train`) --------------------------
+# 2 x the multiply-adds of the model's matmuls: projections, attention scores and weighted values
+# (every query-key pair the model computes, masked ones included), feed-forward, output logits.
+# Embedding lookups, layer norms and softmax are not counted (Kaplan et al. 2020, section 2.1;
+# Chowdhery et al. 2022, appendix B).
+
+def attention_flops(q_len: int, kv_len: int, d_model: int, num_heads: int, d_kv: int) -> float:
+  """`Attention` over a query of q_len positions and keys/values of kv_len."""
+  hk = num_heads * d_kv
+  projections = 2.0 * d_model * hk * (2 * q_len + 2 * kv_len)     # q, out; k, v
+  return projections + 2.0 * 2 * q_len * kv_len * hk             # scores, weighted values
+
+
+def feed_forward_flops(length: int, d_model: int, d_ff: int) -> float:
+  """`FeedForward` over `length` positions."""
+  return 2.0 * 2 * length * d_model * d_ff
+
+
+def logits_flops(length: int, d_model: int, vocab: int) -> float:
+  return 2.0 * length * d_model * vocab
+

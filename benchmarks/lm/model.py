@@ -31,6 +31,9 @@ from benchmarks.common.transformer import (
   LayerNorm,
   SelfAttentionBlock,
   attention_bias,
+  attention_flops,
+  feed_forward_flops,
+  logits_flops,
   shift_right,
   sinusoid,
 )
@@ -82,3 +85,10 @@ class LanguageModel(nn.Module):
     logits = jnp.einsum("bld,dv->blv", x, w.astype(self.dtype))
     logits = constrain(logits.astype(f), LOGITS)
     return jnp.where(jnp.arange(self.vocab) < self.real_vocab, logits, NEG)
+
+  def forward_flops(self, length: int) -> float:
+    """FLOPs of one row's forward pass (`benchmarks.common.transformer`'s count)."""
+    d = self.d_model
+    layer = (attention_flops(length, length, d, self.num_heads, self.d_kv)
+             + feed_forward_flops(length, d, self.d_ff))
+    return self.num_layers * layer + logits_flops(length, d, self.vocab)

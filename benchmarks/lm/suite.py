@@ -15,7 +15,7 @@ from benchmarks.common.transformer import padded_vocab, xent
 from benchmarks.lm import data as data_lib
 from benchmarks.lm.config import PRESETS, Config
 from benchmarks.lm.model import LanguageModel
-from benchmarks.task import LossAux, Task
+from benchmarks.task import TRAIN_FLOPS, LossAux, Task
 from logs.mlperf import C
 from mesh.spec import parse_layout, parse_mesh
 
@@ -194,4 +194,5 @@ def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int
       init=init, loss=loss, eval_stats=eval_stats, quality=quality,
       optimizer=optimizer(cfg, lr), learning_rate=lr, data=data,
       hparams=hparams(cfg, data.steps_per_epoch, _devices(cfg, shapes_only),
-                      max(1, cfg.global_batch_size // replicas)))
+                      max(1, cfg.global_batch_size // replicas)),
+      flops_per_example=TRAIN_FLOPS * model.forward_flops(cfg.max_sequence_length))

@@ -70,8 +70,9 @@ def _shape_of(batch: dict[str, np.ndarray], process_count: int, shardings) -> di
 
 
 def _means(total, weight, metrics: dict):
-  """Loss and metrics as means over the weight (once every sum is complete)."""
-  return total / weight, {k: v / weight for k, v in metrics.items()}
+  """Loss and metrics as means over the weight (once every sum is complete), and the weight
+  itself ("weight": the step's examples, or real tokens, `Spec.weight_unit`)."""
+  return total / weight, {**{k: v / weight for k, v in metrics.items()}, "weight": weight}
 
 
 def train_step_fn(task: Task, ctx: StepContext):

@@ -40,6 +40,7 @@ from benchmarks.loop.outputs import (
 )
 from benchmarks.loop.step import Program, global_batch
 from benchmarks.loop.step import evaluate as evaluate_stats
+from benchmarks.loop.throughput import Throughput, device_peak
 from benchmarks.loop.timeline import Block, batches, check_cadence, timeline
 from benchmarks.task import Spec, Task
 from logs import observe
@@ -62,15 +63,23 @@ def _fmt_time(s: float) -> str:
 
 
 class Progress:
-  """The run's step times (one per fetched step, `stops.MetricsWindow.fetch`) and a progress line at
-  most every `every_s` seconds."""
+  """The run's step times and weights (one each per fetched step, `stops.MetricsWindow.fetch`:
+  the loss's weight, examples or real tokens) and a progress line at most every `every_s`
+  seconds, with the throughput and MFU of the recent steps (`throughput.Throughput`)."""
 
-  def __init__(self, total_steps: int, steps_per_epoch: int, global_batch: int, every_s: float,
+  def __init__(self, total_steps: int, steps_per_epoch: int, rates: Throughput, every_s: float,
                quiet: bool):
-    self.total, self.steps_per_epoch, self.batch = total_steps, steps_per_epoch, global_batch
+    self.total, self.steps_per_epoch, self.rates = total_steps, steps_per_epoch, rates
     self.every, self.quiet = every_s, quiet
     self.last = time.time()
     self.step_times: list[float] = []
+    self.weights: list[float] = []
+
+  def recent(self) -> tuple[float | None, float | None]:
+    """The median step time and weight of the last 50 fetched steps (None before any)."""
+    times, weights = self.step_times[-50:], self.weights[-50:]
+    return (statistics.median(times) if times else None,
+            statistics.median(weights) if weights else None)
 
   def maybe_print(self, step: int, metrics: dict) -> None:
     now = time.time()
@@ -78,12 +87,21 @@ class Progress:
       return
     self.last = now
     epoch = step / self.steps_per_epoch
-    times = self.step_times
-    recent = statistics.median(times[-50:]) if times else float("nan")
-    eta = (self.total - step) * recent
+    step_s, weight = self.recent()
+    eta = (self.total - step) * step_s if step_s else float("nan")
     extra = " ".join(f"{k} {float(v):.4g}" for k, v in metrics.items())
-    print(f"  epoch {epoch:6.2f}  step {step}/{self.total}  {1 / recent:7.2f} steps/s  "
-          f"{self.batch / recent:9.1f} examples/s  {extra}  ETA {_fmt_time(eta)}", flush=True)
+    rate = f"{1 / step_s:7.2f} steps/s  " if step_s else ""
+    print(f"  epoch {epoch:6.2f}  step {step}/{self.total}  {rate}"
+          f"{self.rates.line(step_s, weight)}  {extra}  ETA {_fmt_time(eta)}", flush=True)
+
+
+def throughput_of(cfg, task: Task, spec: Spec) -> Throughput:
+  """The rates a run reports (`throughput.Throughput`): its batch, the devices, the task's
+  analytic model FLOPs of a step, this device's peak (measured once on a CPU host)."""
+  flops = task.flops_per_example
+  return Throughput(cfg.global_batch_size, jax.device_count(),
+                    flops * cfg.global_batch_size if flops else None, device_peak(),
+                    spec.weight_unit)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,7 +142,8 @@ def train_block(steps: Steps, state, block: Block, batches, window: stops.Metric
       got = asked or (None if single else steps.signals.agreed())
       # A stop (the block's end, a signal) takes every pending step; else the newest stays.
       metrics, stop = window.fetch(progress.step_times, drain=bool(last or got))
-      observer.window(window.fetched, progress.step_times)
+      progress.weights.extend(float(m.get("weight", float("nan"))) for _, m in window.fetched)
+      observer.window(window.fetched, progress.step_times, progress.rates)
       if stop is not None:
         return state, metrics, stop
       progress.maybe_print(window.fetched[-1][0] + 1,
@@ -267,6 +286,7 @@ def _train(r: Run) -> dict[str, Any]:
   observer = observe.Observer(opts.output_dir, opts.run_index, cfg.global_batch_size, r.writer,
                               opts.profile_steps, r.say)
   blocks = timeline(cfg, spec, data.steps_per_epoch, start=step)
+  rates = throughput_of(cfg, r.built.task, spec)
   log.event(C.TRAIN_SAMPLES, data.num_train)
   log.event(C.EVAL_SAMPLES, data.num_eval)
   log.end(C.INIT_STOP)
@@ -277,8 +297,8 @@ def _train(r: Run) -> dict[str, Any]:
   run_start = time.time()
   observer.start(run_start)
   out = Outcome(step=step)
-  progress = Progress(cfg.max_epochs * data.steps_per_epoch, data.steps_per_epoch,
-                      cfg.global_batch_size, opts.progress_every_s, not r.writer or opts.quiet)
+  progress = Progress(cfg.max_epochs * data.steps_per_epoch, data.steps_per_epoch, rates,
+                      opts.progress_every_s, not r.writer or opts.quiet)
   steps = Steps(r.program, spec, log, progress, r.signals, observer)
   shardings = r.program.batch_shardings
   placed = prefetch.Prefetch(((s, global_batch(local, shardings))
@@ -335,7 +355,7 @@ def _train(r: Run) -> dict[str, Any]:
     log.close()
     if out.stop is not None:
       out.error = out.stop.detail
-    result = summary(r, out, progress.step_times, init_s, run_s)
+    result = summary(r, out, progress, init_s, run_s)
     result.update(observer.close(f"{r.entry.name} run {opts.run_index}: {out.ending}",
                                  spec.metric, spec.target(cfg)))
     if r.writer:
@@ -382,12 +402,15 @@ def _maybe_resume(r: Run):
   return state, step
 
 
-def summary(r: Run, out: Outcome, step_times: list[float], init_s: float, run_s: float
+def summary(r: Run, out: Outcome, progress: Progress, init_s: float, run_s: float
             ) -> dict[str, Any]:
   """Every figure of the run, as summary.json holds it."""
   program, cfg, data, spec = r.program, r.cfg, r.data, r.spec
   step_cost = program.step_cost
+  step_times = progress.step_times
   median_step = statistics.median(step_times) if step_times else None
+  weights = [w for w in progress.weights if w == w]
+  median_weight = statistics.median(weights) if weights else None
   return {
       "benchmark": r.entry.name,
       "mlperf_benchmark": spec.mlperf_name,
@@ -412,6 +435,7 @@ def summary(r: Run, out: Outcome, step_times: list[float], init_s: float, run_s:
       "compile_s": program.compile_s,
       "median_step_s": median_step,
       "examples_per_s": cfg.global_batch_size / median_step if step_times else None,
+      "throughput": progress.rates.summary(median_step, median_weight),
       "steps": len(step_times),
       "evals": out.evals,
       "eval_s": [e["eval_s"] for e in out.evals],

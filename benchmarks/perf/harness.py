@@ -78,6 +78,7 @@ class _Runner:
 
     from benchmarks.loop import prefetch, timeline
     from benchmarks.loop.step import global_batch
+    from benchmarks.loop.train import throughput_of
     from logs import observe
     from logs.mlperf import MLPerfLog
     self.jax, self.steps = jax, steps
@@ -86,6 +87,7 @@ class _Runner:
     self.entry = BENCHMARKS[name]
     self.cfg, built = setup(name, devs=devs, preset=preset)
     self.task, self.program, self.state = built.task, built.program, built.state
+    self.rates = throughput_of(self.cfg, self.task, self.entry.spec)
     self.compile_s = self.program.compile_s
     say(f"    {name}: {len(devs)} device(s) compiled in {self.compile_s:.1f} s "
         f"(built in {time.perf_counter() - t0:.1f} s)")
@@ -126,7 +128,7 @@ class _Runner:
     from benchmarks.loop import train
     from benchmarks.loop.timeline import Block
     block = Block(self.step_no, self.steps, {}, {}, {}, "perf")
-    progress = train.Progress(10**9, self.data.steps_per_epoch, self.cfg.global_batch_size,
+    progress = train.Progress(10**9, self.data.steps_per_epoch, self.rates,
                               _default("progress_every_s"), False)
     steps = train.Steps(self.watched, self.entry.spec, self.log, progress, self.signals,
                         self.observer)

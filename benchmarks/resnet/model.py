@@ -11,7 +11,7 @@ from typing import Any
 import jax.numpy as jnp
 from flax import linen as nn
 
-from benchmarks.common.convnet import STAGES, Block, stem
+from benchmarks.common.convnet import STAGES, Block, blocks_flops, stem, stem_flops
 from benchmarks.common.layers import named_init, param_dtype
 from mesh import constrain
 
@@ -39,3 +39,11 @@ class ResNet(nn.Module):
                  kernel_init=named_init(nn.initializers.normal(0.01), ("in_channels", "classes")),
                  bias_init=named_init(nn.initializers.zeros, ("classes",)))(x)
     return constrain(x, ("batch", "classes"))
+
+  def forward_flops(self, image_size: int) -> float:
+    """FLOPs of one image's forward pass (`benchmarks.common.convnet.conv_flops`' count)."""
+    stages, bottleneck = STAGES[self.depth]
+    stem, size = stem_flops(image_size, self.width)
+    body, _, channels = blocks_flops(size, self.width, self.width, stages, bottleneck,
+                                     lambda i, j: 2 if (i > 0 and j == 0) else 1)
+    return stem + body + 2.0 * channels * self.num_classes

@@ -10,7 +10,7 @@ from benchmarks.common.layers import compute_dtype
 from benchmarks.resnet import data as data_lib
 from benchmarks.resnet.config import Config
 from benchmarks.resnet.model import ResNet
-from benchmarks.task import LossAux, Task
+from benchmarks.task import TRAIN_FLOPS, LossAux, Task
 from logs.mlperf import C
 
 # The logical dimensions of the model's tensors and its data: what a layout can split and what an
@@ -112,4 +112,5 @@ def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int
       init=init, loss=loss, eval_stats=eval_stats,
       quality=lambda s: float(s["correct"] / max(s["count"], 1)),
       optimizer=optimizer(cfg, lr), learning_rate=lr, data=data,
-      hparams=hparams(cfg, bn_span, decay))
+      hparams=hparams(cfg, bn_span, decay),
+      flops_per_example=TRAIN_FLOPS * model.forward_flops(cfg.image_size))

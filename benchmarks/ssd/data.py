@@ -25,6 +25,7 @@ from PIL import Image
 from benchmarks.data import Data, described, num_steps, padded, process_indices
 from benchmarks.ssd import boxes as box_lib
 from benchmarks.ssd import shapes
+from mesh import devices
 from mesh.errors import UserError
 
 NAMES = {"image": ("batch", "height", "width", None), "boxes": ("batch", None, None),
@@ -270,8 +271,8 @@ def make(cfg, anchors_xywh: np.ndarray, process_index: int = 0, process_count: i
   """(Data, the validation split (its COCO json is the ground truth), COCO category ids by
   label - 1)."""
   if cfg.dataset == "shapes":
-    cache = os.environ.get("MESHPERF_CACHE") or os.path.expanduser("~/.cache/meshperf")
-    root = cfg.data_dir or os.path.join(cache, f"ssd-shapes-{cfg.shapes_train}-{cfg.shapes_eval}")
+    root = cfg.data_dir or os.path.join(devices.cache_root(),
+                                        f"ssd-shapes-{cfg.shapes_train}-{cfg.shapes_eval}")
     shapes.ensure(root, cfg.shapes_train, cfg.shapes_eval)
   else:
     if not cfg.data_dir:

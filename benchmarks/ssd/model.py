@@ -18,7 +18,17 @@ from typing import Any
 import jax.numpy as jnp
 from flax import linen as nn
 
-from benchmarks.common.convnet import ACT, STAGES, BatchNorm, Block, conv, stem
+from benchmarks.common.convnet import (
+  ACT,
+  STAGES,
+  BatchNorm,
+  Block,
+  blocks_flops,
+  conv,
+  conv_flops,
+  stem,
+  stem_flops,
+)
 from benchmarks.common.layers import named_init, param_dtype
 from mesh import constrain
 
@@ -93,6 +103,30 @@ class SSD(nn.Module):
     loc = constrain(jnp.concatenate(locs, 1), ("batch", None, None))
     conf = constrain(jnp.concatenate(confs, 1), ("batch", None, None))
     return loc, conf
+
+  def forward_flops(self, image_size: int) -> float:
+    """FLOPs of one image's forward pass: backbone, extra blocks, heads
+    (`benchmarks.common.convnet.conv_flops`' count)."""
+    stages, bottleneck = STAGES[self.depth]
+    total, size = stem_flops(image_size, self.width)
+    body, size, x = blocks_flops(size, self.width, self.width, stages[:3], bottleneck,
+                                 lambda i, j: 2 if (i == 1 and j == 0) else 1)
+    total += body
+    maps = [(size, x)]
+    scale = self.width / 64
+    outs, mids = (512, 512, 256, 256, 256, 256), (256, 256, 128, 128, 128, 128)
+    for i, stride in enumerate(self.extra_blocks):
+      k = min(i, len(outs) - 1)
+      mid, out = int(mids[k] * scale), int(outs[k] * scale)
+      total += conv_flops(size, x, mid, 1)[0]
+      f, size = conv_flops(size, mid, out, 3, stride) if stride else \
+          conv_flops(size, mid, out, 3, pad=0)
+      total += f
+      x = out
+      maps.append((size, x))
+    for (s, c), nd in zip(maps, self.boxes_per_cell):
+      total += conv_flops(s, c, nd * 4, 3)[0] + conv_flops(s, c, nd * self.num_classes, 3)[0]
+    return total
 
 
 def feature_sizes(image_size: int, extra_blocks) -> tuple[int, ...]:

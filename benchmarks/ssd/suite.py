@@ -15,7 +15,7 @@ from benchmarks.ssd import coco_eval, detect
 from benchmarks.ssd import data as data_lib
 from benchmarks.ssd.config import Config
 from benchmarks.ssd.model import SSD, feature_sizes
-from benchmarks.task import LossAux, Task
+from benchmarks.task import TRAIN_FLOPS, LossAux, Task
 from logs.mlperf import C
 from mesh.errors import UserError
 
@@ -160,4 +160,5 @@ def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int
           ground_truth, totals.get("detections", np.zeros((0, 7))))[0]),
       optimizer=optimizer,
       learning_rate=lr, data=data, hparams=hparams(cfg, base_lr, bn_span), host_stats=host_stats,
-      warm_start=(lambda: backbone_weights(cfg)) if cfg.backbone_checkpoint else None)
+      warm_start=(lambda: backbone_weights(cfg)) if cfg.backbone_checkpoint else None,
+      flops_per_example=TRAIN_FLOPS * model.forward_flops(cfg.image_size))

@@ -29,10 +29,15 @@ from benchmarks.loop import step as step_lib
 from benchmarks.loop.build import build, build_sharder, check_batches
 from benchmarks.loop.series import seeded
 from benchmarks.loop.timeline import check_cadence
+from benchmarks.loop.train import throughput_of
 from benchmarks.perf import timing
 from mesh import cost as cost_lib
 from mesh import errors
 from mesh.errors import UserError
+
+# The per-device rates of a timed variant (`benchmarks.loop.throughput`), columns of sweep.csv.
+THROUGHPUT = ("examples_per_s_per_device", "tokens_per_s_per_device",
+              "model_tflops_per_s_per_device", "mfu")
 
 KINDS = cost_lib.KINDS
 WARMUP_STEPS = 2
@@ -93,8 +98,10 @@ class _Compiled:
   state: Any
   task: Any
   batches: list
+  rates: Any = None                                        # `throughput.Throughput` of its run
   rounds: list = dataclasses.field(default_factory=list)   # per round: seconds of each step
   eval_s: list = dataclasses.field(default_factory=list)   # per round: one whole evaluation
+  weights: list = dataclasses.field(default_factory=list)  # each timed step's loss weight
 
 
 def _compile(cfg, entry, v, steps: int, say) -> tuple[_Compiled | None, str | None]:
@@ -107,7 +114,7 @@ def _compile(cfg, entry, v, steps: int, say) -> tuple[_Compiled | None, str | No
     return None, str(e)
   program, state, task = built.program, built.state, built.task
   batches = [step_lib.global_batch(b, program.batch_shardings) for b in batches]
-  x = _Compiled(v, program, state, task, batches)
+  x = _Compiled(v, program, state, task, batches, throughput_of(c, task, entry.spec))
   if steps:
     for b in (batches * WARMUP_STEPS)[:WARMUP_STEPS]:
       x.state, m = program.train(x.state, b)
@@ -123,6 +130,7 @@ def _time_round(x: _Compiled) -> None:
     x.state, m = x.program.train(x.state, b)
     jax.block_until_ready(m)
     times.append(time.perf_counter() - t)
+    x.weights.append(float(m["weight"]))
   x.rounds.append(times)
   t = time.perf_counter()
   step_lib.evaluate(x.program, x.state, x.task.data.eval())
@@ -151,6 +159,8 @@ def _row(x: _Compiled, cfg, base: _Compiled | None) -> dict[str, Any]:
   row.update(timed_steps=sum(map(len, x.rounds)), step_ms=1e3 * step_s, step_ms_q1=1e3 * q1,
              step_ms_q3=1e3 * q3, examples_per_s=cfg.global_batch_size / step_s,
              eval_ms=1e3 * statistics.median(x.eval_s))
+  rates = x.rates.rates(step_s, statistics.median(x.weights) if x.weights else None)
+  row.update({k: rates[k] for k in THROUGHPUT})
   if base is not None:
     ratios = timing.ratios(per_round, [statistics.median(r) for r in base.rounds])
     evals = timing.ratios(x.eval_s, base.eval_s)

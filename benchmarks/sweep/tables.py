@@ -16,10 +16,11 @@ FIGURES = (("compile_s",)
            + tuple(f"{k.replace('-', '_')}_{w}" for k in KINDS for w in ("bytes", "count"))
            + ("memory_bytes", "argument_bytes", "temp_bytes", "opt_state_bytes", "timed_steps",
               "step_ms", "step_ms_q1", "step_ms_q3", "baseline_step_ms", "examples_per_s",
-              "eval_ms", "step_ratio", "step_ratio_q1", "step_ratio_q3", "eval_ratio", "fits",
-              "refused", "model_step_ms", "collective_ms", "xla_ms", "eval_model_ms",
-              "predicted_minutes", "ending", "exit_status", "time_to_train_s", "epochs",
-              "final_quality", "result"))
+              "examples_per_s_per_device", "tokens_per_s_per_device",
+              "model_tflops_per_s_per_device", "mfu", "eval_ms", "step_ratio", "step_ratio_q1",
+              "step_ratio_q3", "eval_ratio", "fits", "refused", "model_step_ms", "collective_ms",
+              "xla_ms", "eval_model_ms", "predicted_minutes", "ending", "exit_status",
+              "time_to_train_s", "epochs", "final_quality", "result"))
 RESUMED_MARK = "†"
 
 

@@ -10,7 +10,7 @@ from mesh.errors import UserError
 
 SPEC = Spec(mlperf_name="transformer", rulesets=("0.6.0", "0.7.0"),
             metric="BLEU (uncased, /100)", target_field="target_bleu",
-            eval_loop_bound="max_decode_length")
+            eval_loop_bound="max_decode_length", weight_unit="tokens")
 DATASETS = ("grammar", "wmt14", "text")
 TRUNCATION = ("discard", "truncate")
 

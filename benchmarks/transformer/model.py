@@ -29,6 +29,9 @@ from benchmarks.common.transformer import (
   LayerNorm,
   SelfAttentionBlock,
   attention_bias,
+  attention_flops,
+  feed_forward_flops,
+  logits_flops,
   shift_right,
   sinusoid,
 )
@@ -111,6 +114,16 @@ class Transformer(nn.Module):
     for layer in self.decoder:
       x = layer(x, encoded, self_bias, cross_bias, train)
     return self._logits(self.decoder_norm(x))
+
+  def forward_flops(self, source_length: int, target_length: int) -> float:
+    """FLOPs of one row's teacher-forced forward pass (`benchmarks.common.transformer`'s
+    count): the encoder over the source, the decoder over the target, the logits."""
+    d, h, k = self.d_model, self.num_heads, self.d_kv
+    s, t = source_length, target_length
+    encoder = attention_flops(s, s, d, h, k) + feed_forward_flops(s, d, self.d_ff)
+    decoder = (attention_flops(t, t, d, h, k) + attention_flops(t, s, d, h, k)
+               + feed_forward_flops(t, d, self.d_ff))
+    return self.num_layers * (encoder + decoder) + logits_flops(t, d, self.vocab)
 
   def decode_step(self, encoded, src_segment, token, step, length: int):
     """Logits (batch, vocab) for the next token after `token` (batch, 1) at position `step`,

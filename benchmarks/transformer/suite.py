@@ -10,7 +10,7 @@ from flax.traverse_util import flatten_dict, unflatten_dict
 from benchmarks.common.layers import compute_dtype
 from benchmarks.common.tokenizer import EOS
 from benchmarks.common.transformer import padded_vocab, xent
-from benchmarks.task import LossAux, Task
+from benchmarks.task import TRAIN_FLOPS, LossAux, Task
 from benchmarks.transformer import bleu
 from benchmarks.transformer import data as data_lib
 from benchmarks.transformer.beam import beam_search
@@ -132,4 +132,6 @@ def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int
       init=init, loss=loss, eval_stats=eval_stats,
       quality=lambda totals: bleu.score(totals) / 100.0, optimizer=optimizer, learning_rate=lr,
       data=data,
-      hparams=hparams(cfg), host_stats=host_stats)
+      hparams=hparams(cfg), host_stats=host_stats,
+      flops_per_example=TRAIN_FLOPS * model.forward_flops(cfg.max_sequence_length,
+                                                          cfg.max_sequence_length))
