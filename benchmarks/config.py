@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import tempfile
 from typing import Any, Callable, Iterable
 
@@ -124,7 +125,13 @@ def check_writable(flag: str, path: str, kind: str = "folder") -> None:
   and written: it is not a file where a folder is meant (or a folder where a file is), no file
   lies on its way, and the deepest folder that exists takes a new file. Checked by writing and
   removing a temporary file there (permission bits do not stop root; a read-only or virtual file
-  system does): nothing is left behind."""
+  system does): nothing is left behind. A URL (`gs://bucket/...`, `s3://...`) is refused: runs
+  write through the local file system, so a bucket is written through a mount of it."""
+  scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", path)
+  if scheme:
+    raise UserError(f"{flag}={path}: a {scheme.group(1)}:// URL, not a local path; meshperf "
+                    f"writes through the file system, so mount the bucket (e.g. gcsfuse for "
+                    f"gs://) and pass the mounted folder")
   path = os.path.abspath(os.path.expanduser(path))
   if kind == "folder" and os.path.exists(path) and not os.path.isdir(path):
     raise UserError(f"{flag}={path} is a file; name a folder (it is made if missing)")

@@ -23,7 +23,7 @@ from benchmarks import config as config_lib
 from benchmarks import flags as flags_lib
 from benchmarks.registry import BENCHMARKS, Entry
 from logs import observe
-from mesh import errors, multihost
+from mesh import devices, errors, multihost
 from mesh.errors import UserError
 
 
@@ -135,7 +135,7 @@ def setup(argv: list[str], verb: str = "<benchmark>",
   _check_run_flags(name, fv)
 
   # Devices first: simulated CPU devices must be set before jax starts.
-  from mesh import devices, topology
+  from mesh import topology
   from mesh.spec import parse_layout, parse_mesh
   parse_mesh(cfg.mesh), parse_layout(cfg.layout)   # malformed strings fail before jax starts
   import optimizations
@@ -212,6 +212,7 @@ def ending(fn: Callable[[list[str]], int], argv: list[str]) -> tuple[int, str | 
 
 def run_main(fn):
   """Runs `fn(sys.argv)` (`ending`), writes its last words and exits with its status."""
+  devices.skip_absent_tpu()
   code, last = ending(fn, sys.argv)
   if last is not None:
     if not multihost.claim_ending():  # a watchdog thread is ending the process with its own line

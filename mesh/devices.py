@@ -19,6 +19,29 @@ def cache_root() -> str:
       os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "meshperf")
 
 
+def _installed(module: str) -> bool:
+  import importlib.util
+  return importlib.util.find_spec(module) is not None
+
+
+def skip_absent_tpu() -> None:
+  """Before jax starts its backends: on a machine with the TPU compiler installed (libtpu, the
+  `tpu` extra) but no TPU (no /dev/accel* as on v2-v4 hosts, no /dev/vfio/<n> as on v5e and
+  later), jax would probe for TPUs and libtpu would print its errors first; runs there use the
+  GPUs (a CUDA plugin and /dev/nvidia0) or the CPU instead. A JAX_PLATFORMS the user set, or
+  one chosen already (`use_cpu_devices`, compile-only runs), is kept."""
+  import glob
+
+  import jax
+  if os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms or not _installed("libtpu"):
+    return
+  if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
+    return
+  cuda = any(_installed(f"jax_cuda{v}_plugin") for v in (12, 13)) and \
+      os.path.exists("/dev/nvidia0")
+  jax.config.update("jax_platforms", "cuda,cpu" if cuda else "cpu")
+
+
 def use_cpu_devices(n: int) -> None:
   """Simulates `n` CPU devices. Must run before jax creates its backends."""
   if n <= 0:

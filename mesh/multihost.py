@@ -52,7 +52,14 @@ def maybe_initialize_distributed(coordinator_address: str | None, num_processes:
         f"the processes did not all join at {where} within {timeout_s:g} s "
         f"(--coordinator_timeout_s): check that every host of the slice runs the same command, "
         f"or raise --coordinator_timeout_s")):
-      jax.distributed.initialize(**kw)
+      try:
+        jax.distributed.initialize(**kw)
+      except ValueError as e:            # no cluster environment jax recognizes
+        raise UserError(
+            f"--coordinator_address=auto: jax found no cluster to join here "
+            f"({str(e).splitlines()[0]}); auto works where jax discovers the processes itself "
+            f"(a Cloud TPU VM slice, SLURM, Open MPI); elsewhere pass "
+            f"--coordinator_address=HOST:PORT --num_processes=N --process_id=i") from None
   else:
     if num_processes is None or process_id is None:
       raise UserError("--coordinator_address needs --num_processes and --process_id")

@@ -252,6 +252,14 @@ CASES = [
     ("scale", ["all", "--points={points_steps}"], "missing train_steps (a point needs"),
     ("scale", ["all", "--points={points_field}"], "point p: unknown config field(s) bogus"),
     ("scale", ["all", "--fit", "--fit_on=2048"], "--fit_on=2048: no chosen point has these"),
+    ("main", ["resnet", "--config=tiny", "--coordinator_address=auto"],
+     "--coordinator_address=auto: jax found no cluster to join here"),
+    ("main", ["resnet", "--output_dir=gs://bucket/runs"],
+     "--output_dir=gs://bucket/runs: a gs:// URL, not a local path; meshperf writes through the "
+     "file system, so mount the bucket"),
+    ("sweep", ["resnet", "--output_dir=s3://bucket/sweep"], "--output_dir=s3://bucket/sweep: a "
+     "s3:// URL"),
+    ("scale", ["resnet", "--output_dir=gs://b/scale"], "--output_dir=gs://b/scale: a gs:// URL"),
     ("scale", ["ssd", "--chips=16", "--output_dir={text_file}"],
      "--output_dir={text_file} is a file"),
     ("scale", ["transformer", "--chips=16", "--plot={unwritable}/scale.png"],

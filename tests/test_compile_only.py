@@ -34,7 +34,7 @@ needs_libtpu = pytest.mark.skipif(
 @pytest.mark.parametrize("name, chips, devices", [
     ("v3:32x32", (32, 32), 2048), ("v2:4x4", (4, 4), 32), ("v4:8x8x16", (8, 8, 16), 1024),
     ("v4:8x8x16:cores", (8, 8, 16), 2048), ("v5e:16x16", (16, 16), 256),
-    ("v5p:8x8x16", (8, 8, 16), 1024)])
+    ("v5p:8x8x16", (8, 8, 16), 1024), ("v6e:16x16", (16, 16), 256)])
 def test_topology_names(name, chips, devices):
   t = topology.parse(name)
   assert t.chips == chips and t.num_devices == devices
@@ -235,3 +235,22 @@ def test_scale_predicts_a_points_file_of_ones_own(tmp_path):
   assert p["step_ratio"] == pytest.approx(p["modelled_step_ms"] / 1.0)
   out = json.loads((tmp_path / "out" / "scale_resnet.json").read_text())
   assert out["benchmarks"]["resnet"][0]["point"]["name"] == "tiny-8"
+
+
+@pytest.mark.slow
+@needs_libtpu
+def test_no_libtpu_noise_on_a_machine_without_tpus(tmp_path):
+  """With the TPU compiler installed, a run on the real devices of a machine that has no TPU
+  (this one: no /dev/accel*, no /dev/vfio/<n>) does not let libtpu probe for one and print its
+  errors: its stderr is the run's own."""
+  import glob
+  if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
+    pytest.skip("this machine has TPU devices")
+  env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS")}
+  p = subprocess.run(
+      [os.path.join(ROOT, "run.sh"), "resnet", "--config=tiny", "--num_cpu_devices=0",
+       "--mesh=data:1", "--global_batch_size=8", "--eval_batch_size=8", "--bn_span=0",
+       f"--output_dir={tmp_path}"], capture_output=True, text=True, check=False, cwd=ROOT,
+      env=env)
+  assert p.returncode == 1, p.stderr[-2000:]          # the tiny run's epoch limit
+  assert "TPU" not in p.stderr and "libtpu" not in p.stderr, p.stderr[-2000:]

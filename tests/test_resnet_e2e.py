@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from benchmarks.loop import outputs, train
-from benchmarks.resnet.config import PRESETS
+from benchmarks.resnet.config import PRESETS, SPEC
 from logs import compliance
 from tests import helpers
 
@@ -35,17 +35,20 @@ def test_cpu_default_reaches_target_and_passes_checker(tmp_path):
   assert summary["memory_per_device_bytes"]["total_bytes"] > 0
   assert summary["collectives_per_step"]["all-reduce"]["bytes"] > 0   # gradient summation
   results = compliance.check_path(str(tmp_path))
-  assert {r.ruleset for r in results} == {"0.7.0", "1.0.0"}
+  # Every ruleset of the installed checker that has ResNet, 0.7.0 to 4.0.0.
+  assert {r.ruleset for r in results} == set(SPEC.rulesets) and len(results) == 8
   for r in results:
     assert r.ok, (r.ruleset, r.messages)
   # ./run.sh check on the same folder agrees.
   p = subprocess.run([os.path.join(ROOT, "run.sh"), "check", str(tmp_path)], capture_output=True,
                      text=True, check=False)
-  assert p.returncode == 0 and "2 passed, 0 failed" in p.stdout, p.stdout + p.stderr
+  assert p.returncode == 0 and "8 passed, 0 failed" in p.stdout, p.stdout + p.stderr
 
 
 def _closed_run(tmp_path, **kw):
-  cfg = helpers.tiny_resnet(max_epochs=1, **kw)
+  """A closed-division run of ResNet-50 (the closed rules of 1.1.0-2.1.0 name its tensors), of
+  width 4 on 32 px digits so it compiles in about 20 s."""
+  cfg = helpers.tiny_resnet(max_epochs=1, model_depth=50, model_width=4, **kw)
   opts = outputs.RunOptions(output_dir=str(tmp_path), division="closed", quiet=True)
   summary = train.run(cfg, "resnet", opts)
   assert summary["status"] == "aborted"      # one epoch of a tiny model cannot reach 0.98
@@ -57,7 +60,8 @@ TARGET_MISS = "Failed checks for eval_accuracy : v['value'] >= 0.7590 and v['val
 
 def test_closed_lars_log_meets_every_closed_rule_but_the_target(tmp_path):
   results = _closed_run(tmp_path / "run")
-  assert {r.ruleset for r in results} == {"0.7.0", "1.0.0"}
+  # Every ruleset of the installed checker that has ResNet, 0.7.0 to 4.0.0.
+  assert {r.ruleset for r in results} == set(SPEC.rulesets) and len(results) == 8
   for r in results:
     assert not r.ok and list(r.messages) == [TARGET_MISS], (r.ruleset, r.messages)
   # The checker really checks: the same log with a wrong LARS end learning rate fails.

@@ -74,3 +74,31 @@ def test_weight_decay_and_lars_skip_batch_norm_and_biases():
   mask = _is_kernel(params)
   assert mask == {"Conv_0": {"kernel": True}, "BatchNorm_0": {"scale": False, "bias": False},
                   "Dense_0": {"kernel": True, "bias": False}}
+
+
+def test_reference_tensor_names_are_the_closed_rules_and_our_parameters():
+  """ResNet-50's `weights_initialization` tensors are exactly the list MLPerf's closed rules of
+  1.1.0-2.1.0 check (read from the installed checker's YAML), and a ResNet of any depth has as
+  many parameter tensors as names."""
+  import os
+  import re
+
+  import jax
+  import jax.numpy as jnp
+  import mlperf_logging
+  import yaml
+
+  from benchmarks.resnet.model import ResNet
+  from benchmarks.resnet.suite import reference_tensors
+  base = os.path.join(os.path.dirname(mlperf_logging.__file__), "compliance_checker")
+  for version in ("1.1.0", "2.0.0", "2.1.0"):
+    with open(os.path.join(base, f"training_{version}", "closed_resnet.yaml")) as f:
+      rules = yaml.safe_load(f)
+    end = next(r["END"]["CHECK"] for r in rules if "END" in r)
+    assert sorted(re.findall(r'"([a-z0-9_]+)"', end)) == sorted(reference_tensors(50)), version
+  for depth in (14, 34, 50):
+    model = ResNet(depth, 8, 10, None)
+    shapes = jax.eval_shape(lambda m=model: m.init(jax.random.PRNGKey(0),
+                                                   jnp.zeros((1, 32, 32, 3)), train=False))
+    names = reference_tensors(depth)
+    assert len(set(names)) == len(names) == len(jax.tree.leaves(shapes["params"])), depth

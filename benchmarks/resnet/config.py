@@ -8,8 +8,11 @@ from benchmarks.config import Common, fraction, non_negative, positive, require
 from benchmarks.task import Spec
 from mesh.errors import UserError
 
-SPEC = Spec(mlperf_name="resnet", rulesets=("0.7.0", "1.0.0"), metric="top-1 accuracy",
-            target_field="target_accuracy")
+# Every training ruleset of the installed mlperf-logging that defines ResNet-50 (its last round
+# was 4.0).
+SPEC = Spec(mlperf_name="resnet",
+            rulesets=("0.7.0", "1.0.0", "1.1.0", "2.0.0", "2.1.0", "3.0.0", "3.1.0", "4.0.0"),
+            metric="top-1 accuracy", target_field="target_accuracy")
 DATASETS = ("digits", "imagenet", "synthetic")
 OPTIMIZERS = ("lars", "sgd")
 

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from benchmarks.common.convnet import STAGES
 from benchmarks.common.layers import compute_dtype
 from benchmarks.resnet import data as data_lib
 from benchmarks.resnet.config import Config
@@ -52,9 +53,33 @@ def optimizer(cfg: Config, lr):
                      optax.sgd(lr, momentum=cfg.momentum))
 
 
+def reference_tensors(depth: int) -> list[str]:
+  """The parameter tensors of a ResNet of `depth`, named as MLPerf's reference (MXNet) names
+  them: what the closed rules of 1.1.0-2.1.0 (`closed_resnet.yaml`) expect a
+  `weights_initialization` event for, one per tensor. Here stem = conv0, the stages' blocks are
+  stage<i>_unit<j> (conv1..3, bn1..3; the projected residual conv1sc, bnsc), the classifier
+  fc1."""
+  stages, bottleneck = STAGES[depth]
+  convs = 3 if bottleneck else 2
+  names = ["conv0_weight", "bn0_gamma", "bn0_beta", "fc1_weight", "fc1_bias"]
+  channels = 1                                   # in units of the stem's width
+  for i, units in enumerate(stages, 1):
+    out = 2 ** (i - 1) * (4 if bottleneck else 1)
+    for j in range(1, units + 1):
+      unit = f"stage{i}_unit{j}"
+      names += [f"{unit}_conv{k}_weight" for k in range(1, convs + 1)]
+      names += [f"{unit}_bn{k}_{p}" for k in range(1, convs + 1) for p in ("gamma", "beta")]
+      if channels != out or (i > 1 and j == 1):   # `Block` projects its residual
+        names += [f"{unit}_conv1sc_weight", f"{unit}_bnsc_gamma", f"{unit}_bnsc_beta"]
+      channels = out
+  return names
+
+
 def hparams(cfg: Config, bn_span: int, decay: int):
   opt = cfg.optimizer
   keys = [(C.OPT_NAME, opt), (C.MODEL_BN_SPAN, bn_span)]
+  keys += [(C.WEIGHTS_INITIALIZATION, None, {"tensor": t})
+           for t in reference_tensors(cfg.model_depth)]
   if opt == "lars":
     keys += [(C.LARS_OPT_BASE_LEARNING_RATE, cfg.base_learning_rate),
              (C.LARS_OPT_END_LR, cfg.end_learning_rate),
