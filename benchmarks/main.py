@@ -95,12 +95,14 @@ class Parsed:
 
 def setup(argv: list[str], verb: str = "<benchmark>",
           more_flags: Callable[[flags.FlagValues], list[str]] | None = None,
-          compiles_only_with_topology: bool = False) -> Parsed:
+          compiles_only_with_topology: bool = False, one_process: bool = False) -> Parsed:
   """Parses `<benchmark> [flags]` (argv[0] is the program) on a fresh set of flags, starts the
   devices and returns what it parsed. Bad input raises UserError before jax starts; `--help`
   prints the benchmark's flags and exits 0. `more_flags(flag_values)` defines a verb's own flags
   and returns their names (ablate, sweep). `compiles_only_with_topology`: the verb only compiles
-  when given --topology (ablate), so --compile_only is not needed with it."""
+  when given --topology (ablate), so --compile_only is not needed with it. `one_process`: the
+  verb writes its results from the one process it runs in (sweep, ablate): multi-host flags are
+  refused before anything starts."""
   names = ", ".join(BENCHMARKS)
   if len(argv) < 2 or argv[1].startswith("-"):
     raise UserError(f"name a benchmark: run.sh {verb} [--flag=value ...] with benchmark one of "
@@ -133,6 +135,13 @@ def setup(argv: list[str], verb: str = "<benchmark>",
   cfg = config_lib.replace(preset, {n: fv[n].value for n in types if fv[n].present})
   config_lib.validate_common(cfg)
   _check_run_flags(name, fv)
+  if one_process and (fv.coordinator_address or os.environ.get("MESHPERF_COORDINATOR")
+                      or (fv.num_processes or 1) > 1):
+    raise UserError(f"./run.sh {verb.split()[0]} runs in one process (its state, tables and "
+                    f"plots are one process's to write): drop --coordinator_address and "
+                    f"--num_processes (and MESHPERF_COORDINATOR); on a multi-host slice, run each "
+                    f"variant with ./run.sh {name} and its flags, or compile for the slice with "
+                    f"--topology")
 
   # Devices first: simulated CPU devices must be set before jax starts.
   from mesh import topology

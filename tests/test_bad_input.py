@@ -233,6 +233,12 @@ CASES = [
     ("ablate", ["resnet", "--ablate_rounds=0"], "--ablate_rounds=0: at least 1"),
     ("ablate", ["resnet", "--ablate_json={text_file}/ablate.json"], "is a file, so nothing can"),
     ("ablate", ["--ablate_steps=1"], "name a benchmark: run.sh ablate <benchmark>"),
+    ("sweep", ["resnet", "--coordinator_address=localhost:12355", "--num_processes=2",
+               "--process_id=1"], "./run.sh sweep runs in one process (its state, tables"),
+    ("ablate", ["resnet", "--num_processes=2", "--coordinator_address=localhost:12356",
+                "--process_id=0"], "./run.sh ablate runs in one process"),
+    ("ablate", ["resnet", "--num_cpu_devices=3", "--ablate_steps=0"],
+     "ablate resnet: none of its 9 variants could run on this machine's devices (mesh"),
     ("scale", ["resnet", "--no_such_flag=1"], "Unknown command line flag 'no_such_flag'"),
     ("scale", ["resnet", "--chips=abc"], "--chips=abc: comma-separated integers"),
     ("scale", ["resnet", "--chips=17"], "--chips=17: the points of resnet are on 16, 64, 128"),
@@ -439,3 +445,23 @@ def test_bad_input_in_a_process_of_its_own(tmp_path, verb, args, needle):
   errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
   assert len(errors) == 1 and needle in errors[0], stderr[-3000:]
   assert not out.exists() and os.listdir(cwd) == []
+
+
+def test_a_sweep_of_two_processes_is_refused_by_both(tmp_path):
+  """`./run.sh sweep` started as two processes of one job: each refuses in one line, before
+  any process waits for the other, and neither writes the sweep's folder."""
+  env = dict(os.environ)
+  env.pop("XLA_FLAGS", None)
+  env["PYTHONPATH"] = ROOT
+  out = tmp_path / "sweep"
+  procs = [subprocess.Popen(VERBS["sweep"] + ["resnet", "--coordinator_address=localhost:12357",
+                                              "--num_processes=2", f"--process_id={i}",
+                                              f"--output_dir={out}"],
+                            cwd=str(tmp_path), env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True) for i in range(2)]
+  for p in procs:
+    _, err = p.communicate(timeout=120)
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert p.returncode == 2 and len(errors) == 1, err[-2000:]
+    assert "runs in one process" in errors[0] and "Traceback" not in err
+  assert not out.exists()

@@ -85,21 +85,26 @@ def check_flags(fv: flags.FlagValues) -> None:
 
 def main(argv: list[str]) -> int:
   p = cli.setup(argv, verb="ablate <benchmark>", more_flags=define_flags,
-                compiles_only_with_topology=True)
+                compiles_only_with_topology=True, one_process=True)
   name, entry, cfg, fv = p.name, p.entry, p.cfg, p.flags
   check_flags(fv)
   rows: list[dict] = []
   if fv.topology:
     for v in pod_variants(cfg):
       rows.append(measure.pod_row(name, cfg, v, fv.topology, fv.compile_cache or None))
-    print(tables.pod_table(rows, "preset"))
   else:
     vs = variants(entry.config().ABLATIONS)
     measure.measure_local(cfg, entry, vs, fv.ablate_steps, fv.ablate_rounds,
                           {v.key for v in vs}, rows.append)
     order = {v.key: i for i, v in enumerate(vs)}
     rows.sort(key=lambda r: order[r["variant"]])
-    print(tables.local_table(rows))
+  if not any(r.get("status") == "done" for r in rows):
+    reasons = sorted({r.get("reason") or "?" for r in rows})
+    where = fv.topology or "this machine's devices"
+    raise UserError(f"ablate {name}: none of its {len(rows)} variants could run on {where} "
+                    f"({'; '.join(reasons)[:400]}); choose a mesh or slice they fit "
+                    f"(--num_cpu_devices, --mesh, --topology)")
+  print(tables.pod_table(rows, "preset") if fv.topology else tables.local_table(rows))
   if fv.ablate_json:
     with open(fv.ablate_json, "w") as f:
       json.dump(rows, f, indent=2)

@@ -40,7 +40,7 @@ NOT_FOR_SWEEPS = {"resume": "a sweep resumes by itself: rerun it with the same -
 
 def main(argv: list[str]) -> int:
   p = cli.setup(argv, verb="sweep <benchmark>", more_flags=define_flags,
-                compiles_only_with_topology=True)
+                compiles_only_with_topology=True, one_process=True)
   name, cfg, fv = p.name, p.cfg, p.flags
   for flag, instead in NOT_FOR_SWEEPS.items():
     if fv[flag].present:
