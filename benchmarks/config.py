@@ -26,6 +26,8 @@ class Common:
   layout: str = "batch:data"        # logical dimension -> mesh axes
   optimizations: str = "none"       # none, or a list like grad_accum:4,distributed_eval
   dtype: str = "float32"            # compute dtype: float32, bfloat16 (float64 for exactness tests)
+  remat: str = "none"               # recompute in the backward pass: none; full (keep each layer's
+                                    # output only); dots (also keep matmul outputs)
   # Run length and evaluation.
   global_batch_size: int = 64
   eval_batch_size: int = 0          # 0: same as global_batch_size
@@ -38,6 +40,9 @@ class Common:
   dataset: str = ""
   data_dir: str = ""
   data_workers: int = 0             # input processes (ImageNet, COCO); 0: threads; same batches
+
+
+REMAT = ("none", "full", "dots")   # `benchmarks.common.layers.remat`
 
 
 def replace(config: Any, overrides: dict[str, Any]) -> Any:
@@ -94,6 +99,8 @@ def fraction(v) -> bool:
 def validate_common(c: Common) -> None:
   if c.dtype not in ("float32", "bfloat16", "float64"):
     raise UserError(f"--dtype={c.dtype}: choose float32 or bfloat16 (float64: exactness checks)")
+  if c.remat not in REMAT:
+    raise UserError(f"--remat={c.remat}: choose one of {', '.join(REMAT)}")
   if c.num_cpu_devices < 0:
     raise UserError(f"--num_cpu_devices={c.num_cpu_devices}: simulate N >= 1 CPU devices, or "
                     f"pass 0 to use the real devices")

@@ -142,3 +142,40 @@ def test_beam_top_k_equals_lax_top_k_with_ties():
           got, want = top_k(jnp.asarray(x, dtype), k), jax.lax.top_k(jnp.asarray(x, dtype), k)
           np.testing.assert_array_equal(got[0], want[0])
           np.testing.assert_array_equal(got[1], want[1])
+
+
+def test_attention_through_jax_dot_product_attention_equals_the_written_out_one():
+  """`Attention` without dropout runs `jax.nn.dot_product_attention` (XLA's on CPU, cuDNN's on a
+  GPU that has it). Its output equals attention written out by hand (scaled query-key products
+  plus the bias: padding and the causal mask; softmax over keys; weighted values; the output
+  projection) to float32 rounding: jax computes the softmax in float32 whatever the inputs,
+  which is why float64 exactness runs take the written-out path, equal to it to 1e-13."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from benchmarks.common.transformer import Attention, attention_bias
+  rng = np.random.default_rng(0)
+  seg = jnp.asarray([[1, 1, 1, 2, 2, 0], [1, 1, 1, 1, 1, 1]])
+
+  def both(dtype):
+    att = Attention(num_heads=4, d_kv=8, dropout=0.0, dtype=dtype)
+    x = jnp.asarray(rng.normal(size=(2, 6, 16)), dtype)
+    bias = attention_bias(seg, seg, causal=True).astype(dtype)
+    params = att.init(jax.random.PRNGKey(0), x, x, bias, False)
+    got = att.apply(params, x, x, bias, False)
+    p = jax.tree.map(lambda b: getattr(b, "value", b), params["params"],
+                     is_leaf=lambda b: hasattr(b, "value"))
+    hi = jax.lax.Precision.HIGHEST
+    ein = lambda spec, a, b: jnp.einsum(spec, a, b, precision=hi)
+    q = ein("bld,dhk->blhk", x, p["query"]) / np.sqrt(8)
+    k, v = ein("bld,dhk->blhk", x, p["key"]), ein("bld,dhk->blhk", x, p["value"])
+    w = jax.nn.softmax(ein("bqhk,bshk->bhqs", q, k) + bias, axis=-1)
+    want = ein("bqhk,hkd->bqd", ein("bhqs,bshk->bqhk", w, v), p["out"])
+    return np.asarray(got), np.asarray(want)
+
+  got, want = both(jnp.float32)
+  np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+  with jax.enable_x64(True):
+    got, want = both(jnp.float64)
+  np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-13)

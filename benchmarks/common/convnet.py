@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from benchmarks.common.layers import named_init, param_dtype
+from benchmarks.common.layers import layer_output, named_init, param_dtype
 from mesh import constrain
 from mesh.errors import UserError
 from mesh.sharding import manual_axes
@@ -167,7 +167,7 @@ class Block(nn.Module):
       y = bn(True)(conv(y, out_features, 3, dtype=self.dtype), train)
     if residual.shape != y.shape:
       residual = bn()(conv(x, out_features, 1, self.strides, dtype=self.dtype), train)
-    return constrain(nn.relu(y + residual), ACT)
+    return layer_output(constrain(nn.relu(y + residual), ACT))
 
 
 # --- analytic FLOPs (model FLOPs utilization, `benchmarks.loop.train`) --------------------------

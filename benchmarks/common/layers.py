@@ -1,4 +1,4 @@
-"""Helpers every model uses: named parameter initializers and dtypes."""
+"""Helpers every model uses: named parameter initializers, dtypes, and rematerialization."""
 
 from __future__ import annotations
 
@@ -27,3 +27,28 @@ def compute_dtype(name: str):
   if name == "float64" and not jax.config.jax_enable_x64:
     raise UserError("--dtype=float64 needs 64-bit jax: set JAX_ENABLE_X64=1")
   return DTYPES[name]
+
+
+# Rematerialization (`--remat`): each model marks its layers' outputs with `layer_output`; a
+# loss wrapped by `remat` keeps, for the backward pass, only those (full), or those and every
+# matmul's output (dots), and recomputes the rest, one layer at a time (`jax.checkpoint` with a
+# policy of names: https://docs.jax.dev/en/latest/gradient-checkpointing.html). Unwrapped, the
+# marks change nothing in the compiled program.
+LAYER = "layer"
+
+
+def layer_output(x):
+  """A layer's output, named for `remat`'s policies."""
+  from jax.ad_checkpoint import checkpoint_name
+  return checkpoint_name(x, LAYER)
+
+
+def remat(loss, mode: str):
+  """`loss` recomputing its activations in the backward pass as `mode` says ("none": as is)."""
+  if mode == "none":
+    return loss
+  policies = jax.checkpoint_policies
+  layers = policies.save_only_these_names(LAYER)
+  policy = {"full": layers,
+            "dots": policies.save_from_both_policies(layers, policies.dots_saveable)}[mode]
+  return jax.checkpoint(loss, policy=policy)

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from benchmarks.common.layers import named_init, param_dtype
+from benchmarks.common.layers import layer_output, named_init, param_dtype
 from mesh import constrain
 
 EMB = ("batch", "length", "embed")
@@ -87,6 +87,14 @@ class Attention(nn.Module):
       return constrain(jnp.einsum("bld,dhk->blhk", t.astype(dt), w.astype(dt)), HEADS)
 
     q = proj(x, wq) * (self.d_kv ** -0.5)
+    if not cache and not (train and self.dropout > 0) and dt != jnp.float64:
+      # jax's fused attention: cuDNN's kernel on a GPU that has it, XLA's elsewhere (the same
+      # dots and softmax as below, the softmax in float32). Attention dropout needs the
+      # weights, and jax's softmax in float32 would round float64 exactness runs: those take
+      # the path below.
+      k, v = proj(kv, wk), proj(kv, wv)
+      o = jax.nn.dot_product_attention(q, k, v, bias=bias.astype(dt), scale=1.0)
+      return constrain(jnp.einsum("bqhk,hkd->bqd", constrain(o, HEADS), wo.astype(dt)), EMB)
     if not cache:
       k, v = proj(kv, wk), proj(kv, wv)
       logits = jnp.einsum("bqhk,bshk->bhqs", q, k)
@@ -200,7 +208,7 @@ class SelfAttentionBlock(nn.Module):
     y = LayerNorm(c.dtype)(x)
     x = x + drop(Attention(c.num_heads, c.d_kv, c.attention_dropout, c.dtype)(y, y, bias, train))
     y = LayerNorm(c.dtype)(x)
-    return x + drop(FeedForward(c.d_ff, c.dropout, c.dtype)(y, train))
+    return layer_output(x + drop(FeedForward(c.d_ff, c.dropout, c.dtype)(y, train)))
 
 
 # --- analytic FLOPs (model FLOPs utilization, `benchmarks.loop.train`) --------------------------

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import jax
 
 import optimizations
+from benchmarks.common import layers
 from benchmarks.loop import step as step_lib
 from benchmarks.task import Task
 from mesh import devices
@@ -87,6 +88,7 @@ def build(cfg, entry, *, devs=None, process_index: int = 0, process_count: int =
     before_task(sharder, plan)
   task = entry.build()(cfg, replicas=replicas, process_index=process_index,
                        process_count=process_count, shapes_only=shapes_only)
+  task = dataclasses.replace(task, loss=layers.remat(task.loss, cfg.remat))
   examples = task.data.example_batches()
   if before_compile is not None:
     before_compile(sharder, plan, task)

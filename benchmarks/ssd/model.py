@@ -29,7 +29,7 @@ from benchmarks.common.convnet import (
   stem,
   stem_flops,
 )
-from benchmarks.common.layers import named_init, param_dtype
+from benchmarks.common.layers import layer_output, named_init, param_dtype
 from mesh import constrain
 
 # ImageNet statistics (RGB, 0..255) the pretrained backbones expect.
@@ -86,7 +86,7 @@ class SSD(nn.Module):
                               dtype=self.dtype, param_dtype=f, kernel_init=named_init(
                                   nn.initializers.variance_scaling(2.0, "fan_out", "normal"),
                                   (None, None, "in_channels", "channels")))(y), ACT)
-      x = nn.relu(bn()(y, train))
+      x = layer_output(nn.relu(bn()(y, train)))
       maps.append(x)
     if len(maps) != len(self.boxes_per_cell):
       raise ValueError(f"{len(maps)} feature maps but {len(self.boxes_per_cell)} anchor groups")

@@ -19,7 +19,7 @@ from typing import Any
 import jax.numpy as jnp
 from flax import linen as nn
 
-from benchmarks.common.layers import named_init, param_dtype
+from benchmarks.common.layers import layer_output, named_init, param_dtype
 from benchmarks.common.transformer import (
   EMB,
   NEG,
@@ -52,7 +52,7 @@ class DecoderLayer(nn.Module):
     x = x + drop(Attention(c.num_heads, c.d_kv, c.attention_dropout, c.dtype, name="cross")(
         y, encoded, cross_bias, train, "cross" if decode else ""))
     y = LayerNorm(c.dtype)(x)
-    return x + drop(FeedForward(c.d_ff, c.dropout, c.dtype)(y, train))
+    return layer_output(x + drop(FeedForward(c.d_ff, c.dropout, c.dtype)(y, train)))
 
 
 class Transformer(nn.Module):
