@@ -10,6 +10,7 @@
 #   ./run.sh install tpu|cuda12|cuda13        the JAX wheels of an accelerator (CPU-only until then)
 #   ./run.sh scale <benchmark>|all [--points=FILE]  TPU runs predicted from their compiled steps, beside measured
 #   ./run.sh perf [--quick] [--flags]         step, loop, input, eval, scaling and compile speed (runs/perf/)
+#   ./run.sh throughput <benchmark>|all --config=PRESET  a hardware preset's step on synthetic data: examples/s, tokens/s, MFU
 # On first use it creates .venv and installs the project (pinned versions) into it.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -54,13 +55,13 @@ verb="${1:-}"
 case "$verb" in
   "")
     echo "error: ./run.sh needs a verb: a benchmark (resnet, transformer, ssd, lm), test, check," \
-      "package, ablate, sweep, scale, perf or install; ./run.sh --help shows how each is used" >&2
+      "package, ablate, sweep, scale, perf, throughput or install; ./run.sh --help shows how each is used" >&2
     exit 2 ;;
   -h|--help|help)
     usage; exit 0 ;;
   -*)
     echo "error: ./run.sh $verb: the first word is a verb (a benchmark, test, check, package," \
-      "ablate, sweep, scale, perf or install), then its flags; ./run.sh --help shows how each is" \
+      "ablate, sweep, scale, perf, throughput or install), then its flags; ./run.sh --help shows how each is" \
       "used" >&2
     exit 2 ;;
   test)
@@ -101,6 +102,9 @@ case "$verb" in
   perf)
     shift; bootstrap
     exec "$VENV/bin/python" -m benchmarks.perf "$@" ;;
+  throughput)
+    shift; bootstrap
+    exec "$VENV/bin/python" -m benchmarks.perf.synthetic "$@" ;;
   *)
     shift; bootstrap
     if wants_topology "$@"; then install_extra tpu; fi

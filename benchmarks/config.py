@@ -28,6 +28,7 @@ class Common:
   dtype: str = "float32"            # compute dtype: float32, bfloat16 (float64 for exactness tests)
   remat: str = "none"               # recompute in the backward pass: none; full (keep each layer's
                                     # output only); dots (also keep matmul outputs)
+  xla_flags: str = ""               # XLA flags the run adds to XLA_FLAGS before jax starts
   # Run length and evaluation.
   global_batch_size: int = 64
   eval_batch_size: int = 0          # 0: same as global_batch_size
@@ -43,6 +44,10 @@ class Common:
 
 
 REMAT = ("none", "full", "dots")   # `benchmarks.common.layers.remat`
+# What the GPU presets set (`--xla_flags`): XLA's latency-hiding scheduler, which moves
+# collectives to overlap the compute around them (JAX's GPU performance tips,
+# https://docs.jax.dev/en/latest/gpu_performance_tips.html; NVIDIA's JAX containers set it too).
+GPU_XLA_FLAGS = "--xla_gpu_enable_latency_hiding_scheduler=true"
 
 
 def replace(config: Any, overrides: dict[str, Any]) -> Any:

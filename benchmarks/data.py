@@ -44,23 +44,37 @@ class Data:
     return next(iter(self.train(0))), next(iter(self.eval()))
 
 
+# What a described field's synthetic values look like (`Field.values`; `./run.sh throughput`
+# draws them on the devices): "normal" (floats N(0, 1); uint8 uniform 0-255), "below:N" (ints
+# 0..N-1: labels), "ids:N" (ints 1..N-1: token ids, 0 being padding), "one" (every token in one
+# segment), "position" (0, 1, ... along the last axis), "index" (0, 1, ... along the batch),
+# "const:X".
+VALUE_KINDS = ("normal", "below", "ids", "one", "position", "index", "const")
+
+
 @dataclasses.dataclass(frozen=True)
 class Field:
-  """A batch field's shape and dtype without its values (a described dataset's batch)."""
+  """A batch field's shape and dtype without its values (a described dataset's batch), and
+  what synthetic values of it look like (`VALUE_KINDS`)."""
   shape: tuple[int, ...]
   dtype: np.dtype
+  values: str = "normal"
 
   def __post_init__(self):
     object.__setattr__(self, "dtype", np.dtype(self.dtype))
+    kind, _, arg = self.values.partition(":")
+    if kind not in VALUE_KINDS or (kind in ("below", "ids", "const")) != bool(arg):
+      raise ValueError(f"Field values {self.values!r}: one of {VALUE_KINDS} (below, ids and "
+                       f"const with ':<number>')")
 
 
 def described(name: str, num_train: int, num_eval: int, cfg, process_count: int,
               train_fields: dict[str, tuple], eval_fields: dict[str, tuple],
               names: dict[str, tuple]) -> Data:
   """A dataset that is described, not read: its sizes (the published ones for a real dataset)
-  and each field's per-example (shape, dtype); eval fields get the `mask`. Steps follow from
-  the config's batch sizes as the loaders compute them. Its iterators refuse: nothing was read.
-  """
+  and each field's per-example (shape, dtype[, values]: `Field`); eval fields get the `mask`.
+  Steps follow from the config's batch sizes as the loaders compute them. Its iterators refuse:
+  nothing was read."""
   g, ge = cfg.global_batch_size, cfg.eval_batch_size or cfg.global_batch_size
   steps = num_train // g
   if steps == 0:
@@ -68,14 +82,15 @@ def described(name: str, num_train: int, num_eval: int, cfg, process_count: int,
                     f"of {name}")
 
   def batch(fields: dict[str, tuple], size: int) -> Batch:
-    return {k: Field((size // process_count,) + tuple(shape), dtype)
-            for k, (shape, dtype) in fields.items()}
+    return {k: Field((size // process_count,) + tuple(shape), *rest)
+            for k, (shape, *rest) in fields.items()}
 
   def unread(*_):
     raise RuntimeError(f"{name} is described, not read: a compile-only run has no examples")
 
   return Data(name, num_train, num_eval, steps, num_steps(num_eval, ge), unread, unread, names,
-              (batch(train_fields, g), batch({**eval_fields, "mask": ((), np.float32)}, ge)))
+              (batch(train_fields, g),
+               batch({**eval_fields, "mask": ((), np.float32, "const:1")}, ge)))
 
 
 def process_indices(n: int, index: int, count: int) -> np.ndarray:

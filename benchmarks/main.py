@@ -95,14 +95,16 @@ class Parsed:
 
 def setup(argv: list[str], verb: str = "<benchmark>",
           more_flags: Callable[[flags.FlagValues], list[str]] | None = None,
-          compiles_only_with_topology: bool = False, one_process: bool = False) -> Parsed:
+          compiles_only_with_topology: bool = False, one_process: bool = False,
+          reads_no_data: bool = False) -> Parsed:
   """Parses `<benchmark> [flags]` (argv[0] is the program) on a fresh set of flags, starts the
   devices and returns what it parsed. Bad input raises UserError before jax starts; `--help`
   prints the benchmark's flags and exits 0. `more_flags(flag_values)` defines a verb's own flags
   and returns their names (ablate, sweep). `compiles_only_with_topology`: the verb only compiles
   when given --topology (ablate), so --compile_only is not needed with it. `one_process`: the
   verb writes its results from the one process it runs in (sweep, ablate): multi-host flags are
-  refused before anything starts."""
+  refused before anything starts. `reads_no_data`: the verb describes the dataset instead of
+  reading it (throughput), as a compile-only run does, so no --data_dir is needed."""
   names = ", ".join(BENCHMARKS)
   if len(argv) < 2 or argv[1].startswith("-"):
     raise UserError(f"name a benchmark: run.sh {verb} [--flag=value ...] with benchmark one of "
@@ -150,6 +152,7 @@ def setup(argv: list[str], verb: str = "<benchmark>",
   import optimizations
   optimizations.check_applies(   # unknown names, or one that does nothing here, fail now
       optimizations.parse(cfg.optimizations), name, entry.dimensions())
+  devices.add_xla_flags(cfg.xla_flags)
   if fv.topology:
     if not (fv.compile_only or compiles_only_with_topology):
       raise UserError("--topology names a slice to compile for: add --compile_only (on a real "
@@ -160,7 +163,7 @@ def setup(argv: list[str], verb: str = "<benchmark>",
     devices.use_cpu_devices(cfg.num_cpu_devices)
     multihost.maybe_initialize_distributed(fv.coordinator_address, fv.num_processes,
                                            fv.process_id, fv.coordinator_timeout_s)
-  compiling = fv.compile_only or (compiles_only_with_topology and fv.topology)
+  compiling = fv.compile_only or (compiles_only_with_topology and fv.topology) or reads_no_data
   if compiling and not cfg.data_dir:
     # A compile-only run describes a real dataset instead of reading it: no --data_dir needed.
     mod.validate(dataclasses.replace(cfg, data_dir="(not read: compile-only)"))

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 
@@ -40,6 +41,33 @@ def skip_absent_tpu() -> None:
   cuda = any(_installed(f"jax_cuda{v}_plugin") for v in (12, 13)) and \
       os.path.exists("/dev/nvidia0")
   jax.config.update("jax_platforms", "cuda,cpu" if cuda else "cpu")
+
+
+def add_xla_flags(flags: str) -> None:
+  """Appends `flags` to XLA_FLAGS; before jax starts its backends, which read them once. XLA
+  aborts the process on a flag it does not know, so the flags are first tried in a child
+  process (CPU only, about a second) and an unknown one is a UserError."""
+  import subprocess
+  import sys
+  if not flags.strip():
+    return
+  bad = [f for f in flags.split() if not re.match(r"--xla_[a-z0-9_]+(=\S*)?$", f)]
+  if bad:
+    raise UserError(f"--xla_flags: {bad[0]!r} is not an XLA flag (write --xla_<name>[=value], "
+                    "separated by spaces)")
+  merged = " ".join(os.environ.get("XLA_FLAGS", "").split() + flags.split())
+  probe = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"],
+                         env={**os.environ, "XLA_FLAGS": merged, "JAX_PLATFORMS": "cpu"},
+                         capture_output=True, text=True, check=False)
+  if probe.returncode != 0:
+    unknown = [line.split("XLA_FLAGS:", 1)[1].strip() for line in probe.stderr.splitlines()
+               if "Unknown flag" in line and "XLA_FLAGS:" in line]
+    import jax
+    why = (f"the XLA of jax {jax.__version__} does not know {unknown[0]}" if unknown
+           else f"XLA stopped on them ({' '.join(probe.stderr.split()[-12:])})")
+    raise UserError(f"--xla_flags={flags}: {why}; drop it, or see "
+                    "https://openxla.org/xla/flags_guidance for the flags XLA has")
+  os.environ["XLA_FLAGS"] = merged
 
 
 def use_cpu_devices(n: int) -> None:

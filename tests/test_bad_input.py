@@ -33,7 +33,8 @@ VERBS = {"main": [sys.executable, "-m", "benchmarks.main"],
 # on a fresh set of its own, and ends as `run_main` ends): about 0.1-1 s a case instead of a
 # Python process that imports jax (4-6 s).
 IN_PROCESS = {"main": "benchmarks.main", "ablate": "benchmarks.sweep.ablate",
-              "sweep": "benchmarks.sweep.cli", "scale": "benchmarks.pod.scale"}
+              "sweep": "benchmarks.sweep.cli", "scale": "benchmarks.pod.scale",
+              "throughput": "benchmarks.perf.synthetic"}
 # What a case in this process cannot do: the shell script; simulated devices other than this
 # process's 8 (jax starts once per process); libtpu's TPU topologies; multi-host starts.
 OWN_PROCESS_FLAGS = ("--num_cpu_devices", "--topology", "--coordinator_address",
@@ -225,9 +226,21 @@ CASES = [
      "--coordinator_address=host0: write HOST:PORT"),
     ("main", ["resnet", "--coordinator_address=127.0.0.1:23456"],
      "--coordinator_address needs --num_processes and --process_id"),
+    ("main", ["resnet", "--xla_flags=xla_gpu_foo"], "'xla_gpu_foo' is not an XLA flag"),
+    ("main", ["resnet", "--xla_flags=--xla_no_such_flag=1"],
+     "does not know --xla_no_such_flag=1; drop it"),
     ("main", ["resnet", "--coordinator_address=auto", "--process_id=0"],
      "the TPU pod numbers its processes itself"),
     ("ablate", ["resnet", "--no_such_flag=1"], "unknown flag --no_such_flag"),
+    ("throughput", ["resnet", "--config=tiny"],
+     "--dataset=digits is read, not described: the throughput check runs a hardware preset"),
+    ("throughput", ["resnet", "--config=gpu-8xh100", "--steps=0"], "--steps=0: timed steps"),
+    ("throughput", ["resnet", "--config=tpu-v4-128", "--fit_devices"],
+     "--mesh=data:-1 --layout=batch:data is not: give --mesh and the batch sizes yourself"),
+    ("throughput", ["all", "--config=cpu-model"],
+     "./run.sh throughput all needs --config=NAME, a hardware preset that benchmarks have"),
+    ("throughput", ["resnet", "--config=gpu-8xh100", "--compile_only"],
+     "./run.sh throughput runs steps on this machine's devices"),
     ("ablate", ["resnet", "--ablate_steps=abc"], "--ablate_steps=abc: expects an integer"),
     ("ablate", ["resnet", "--ablate_steps=-1"], "--ablate_steps=-1: timed steps per variant"),
     ("ablate", ["resnet", "--ablate_rounds=0"], "--ablate_rounds=0: at least 1"),

@@ -138,12 +138,12 @@ def test_topology_flag_errors(tmp_path):
 
 
 @pytest.mark.parametrize("name", sorted(__import__("benchmarks.registry").registry.BENCHMARKS))
-def test_pod_presets_describe_their_datasets(name):
-  """Every pod preset builds its task with the dataset described (published sizes, batch
-  shapes) and no --data_dir: nothing is read, so it compiles anywhere."""
+def test_hardware_presets_describe_their_datasets(name):
+  """Every TPU and GPU preset builds its task with the dataset described (published sizes,
+  batch shapes) and no --data_dir: nothing is read, so it compiles anywhere."""
   from benchmarks.registry import BENCHMARKS
   entry = BENCHMARKS[name]
-  pods = {k: v for k, v in entry.config().PRESETS.items() if k.startswith("tpu")}
+  pods = {k: v for k, v in entry.config().PRESETS.items() if k.startswith(("tpu", "gpu"))}
   assert pods, f"{name} has no pod preset"
   for cfg in pods.values():
     assert not cfg.data_dir

@@ -145,11 +145,12 @@ def test_beam_top_k_equals_lax_top_k_with_ties():
 
 
 def test_attention_through_jax_dot_product_attention_equals_the_written_out_one():
-  """`Attention` without dropout runs `jax.nn.dot_product_attention` (XLA's on CPU, cuDNN's on a
-  GPU that has it). Its output equals attention written out by hand (scaled query-key products
-  plus the bias: padding and the causal mask; softmax over keys; weighted values; the output
-  projection) to float32 rounding: jax computes the softmax in float32 whatever the inputs,
-  which is why float64 exactness runs take the written-out path, equal to it to 1e-13."""
+  """`Attention` without dropout runs `jax.nn.dot_product_attention` (its XLA implementation,
+  the one jax 0.10 picks when none is named). Its output equals attention written out by hand
+  (scaled query-key products plus the bias: padding and the causal mask; softmax over keys;
+  weighted values; the output projection) to float32 rounding: jax computes the softmax in
+  float32 whatever the inputs, which is why float64 exactness runs take the written-out path,
+  equal to it to 1e-13."""
   import jax
   import jax.numpy as jnp
   import numpy as np

@@ -88,10 +88,10 @@ class Attention(nn.Module):
 
     q = proj(x, wq) * (self.d_kv ** -0.5)
     if not cache and not (train and self.dropout > 0) and dt != jnp.float64:
-      # jax's fused attention: cuDNN's kernel on a GPU that has it, XLA's elsewhere (the same
-      # dots and softmax as below, the softmax in float32). Attention dropout needs the
-      # weights, and jax's softmax in float32 would round float64 exactness runs: those take
-      # the path below.
+      # jax's attention (the same dots and softmax as below, the softmax in float32). With no
+      # `implementation` named, jax 0.10 runs its XLA one on every backend (cuDNN's is opt-in:
+      # jax.nn.dot_product_attention's docs). Attention dropout needs the weights, and jax's
+      # softmax in float32 would round float64 exactness runs: those take the path below.
       k, v = proj(kv, wk), proj(kv, wv)
       o = jax.nn.dot_product_attention(q, k, v, bias=bias.astype(dt), scale=1.0)
       return constrain(jnp.einsum("bqhk,hkd->bqd", constrain(o, HEADS), wo.astype(dt)), EMB)

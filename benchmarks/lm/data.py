@@ -210,7 +210,8 @@ def describe(cfg, process_count: int = 1) -> Data | None:
   if cfg.dataset != "lm1b":
     return None
   per_row = max(1, cfg.max_sequence_length // LM1B_TOKENS_PER_SENTENCE) if cfg.packing else 1
-  fields = {k: ((cfg.max_sequence_length,), np.int32) for k in FIELDS}
+  kinds = {"tokens": f"ids:{cfg.vocab_size}", "segment": "one", "position": "position"}
+  fields = {k: ((cfg.max_sequence_length,), np.int32, kinds[k]) for k in FIELDS}
   return described("lm1b (described)", LM1B_TRAIN // per_row, LM1B_EVAL // per_row, cfg,
                    process_count, fields, fields, NAMES)
 

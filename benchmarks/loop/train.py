@@ -210,6 +210,15 @@ class Outcome:
     return C.SUCCESS if self.reached else C.ABORTED
 
 
+XLA_ENV_KEY = "meshperf_xla_env"   # the compilers' flags the run started with
+
+
+def xla_env() -> dict[str, str]:
+  """The environment variables that set the compilers' flags (`XLA_FLAGS`, with the run's
+  `--xla_flags`; libtpu's `LIBTPU_INIT_ARGS`), as the run's process has them."""
+  return {k: os.environ[k] for k in ("XLA_FLAGS", "LIBTPU_INIT_ARGS") if os.environ.get(k)}
+
+
 def _setup(cfg, entry, opts: RunOptions, log: MLPerfLog, say) -> Built:
   """Mesh, plan, task, the init-time MLPerf events and the compiled program (bad input raises
   UserError before anything is trained)."""
@@ -229,6 +238,8 @@ def _setup(cfg, entry, opts: RunOptions, log: MLPerfLog, say) -> Built:
                        (C.SUBMISSION_ENTRY, opts.submission_entry or f"meshperf-{entry.name}")):
       log.event(key, value)
     # Keys the loop owns, once for every benchmark; then the benchmark's own.
+    if xla_env():
+      log.event(XLA_ENV_KEY, xla_env())
     log.event(C.SEED, cfg.seed)
     log.event(C.GLOBAL_BATCH_SIZE, cfg.global_batch_size)
     log.event(C.GRADIENT_ACCUMULATION_STEPS, plan.accumulation_steps)
@@ -422,7 +433,9 @@ def summary(r: Run, out: Outcome, progress: Progress, init_s: float, run_s: floa
       "optimizations": list(program.plan.enabled),
       "plan": program.plan.describe(),
       "devices": len(jax.devices()), "platform": jax.devices()[0].platform,
+      "device_kind": jax.devices()[0].device_kind,
       "processes": jax.process_count(),
+      "xla_env": xla_env(),
       "dataset": data.name,
       "quality_name": spec.metric,
       "higher_is_better": spec.higher_is_better,

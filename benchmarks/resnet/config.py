@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from benchmarks.config import Common, fraction, non_negative, positive, require
+from benchmarks.config import GPU_XLA_FLAGS, Common, fraction, non_negative, positive, require
 from benchmarks.task import Spec
 from mesh.errors import UserError
 
@@ -71,7 +71,40 @@ PRESETS = {
         global_batch_size=32768, max_epochs=72, eval_every=4, optimizer="lars",
         base_learning_rate=31.2, warmup_epochs=25.0, schedule_epochs=72.0, weight_decay=1e-4,
         bn_span=128, target_accuracy=0.759),
+    # One 8-GPU host (H100 or H200), with the batch and schedule of NVIDIA's MLPerf Training
+    # v4.0 ResNet-50 on 8 x H100 (mlcommons/training_results_v4.0, NVIDIA/results/
+    # eos_ngc24.04_mxnet/resnet/result_0.txt; the same on 8 x H200, h200_ngc24.04_mxnet): batch
+    # 3200 (400 per GPU, batch norm per GPU), LARS 11.0 after 2 warmup epochs, decaying to 1e-4
+    # (power 2) over 37 epochs, weight decay 5e-5, evaluation every 4 epochs from epoch 3; its
+    # runs converged at epoch 35 in 13.3 minutes. NVIDIA computed in float16 with MXNet and DALI;
+    # here bfloat16, with XLA's latency-hiding scheduler.
+    "gpu-8xh100": Config(
+        num_cpu_devices=0, mesh="data:8", layout="batch:data", dataset="imagenet",
+        data_workers=16, optimizations="distributed_eval", dtype="bfloat16",
+        xla_flags=GPU_XLA_FLAGS, image_size=224, num_classes=1000, model_depth=50,
+        model_width=64, global_batch_size=3200, max_epochs=37,
+        eval_epochs=tuple(range(3, 37, 4)), optimizer="lars", base_learning_rate=11.0,
+        warmup_epochs=2.0, schedule_epochs=37.0, weight_decay=5e-5, momentum=0.9,
+        bn_span=400, target_accuracy=0.759),
+    # A 64-chip TPU v4 slice (v4:4x4x4), with Google's MLPerf Training v1.0 ResNet-50 on the
+    # same 64 chips (mlcommons/training_results_v1.0, Google/results/tpu-v4-128-TF/resnet/
+    # result_0.txt; Google/benchmarks/resnet/implementations/tpu-v4-128-TF/run_and_time.sh):
+    # batch 8192, LARS 17 after 5 warmup epochs, 6,095 decay steps (44 epochs with the warmup),
+    # weight decay 2e-4, batch norm over 128 images, evaluation every 625 steps (4 epochs here);
+    # its runs converged at epoch 42 in 4.30 minutes.
+    "tpu-v4-128": Config(
+        num_cpu_devices=0, mesh="data:-1", layout="batch:data", dataset="imagenet",
+        optimizations="weight_update_sharding,distributed_eval", dtype="bfloat16",
+        image_size=224, num_classes=1000, model_depth=50, model_width=64,
+        global_batch_size=8192, max_epochs=44, eval_every=4, optimizer="lars",
+        base_learning_rate=17.0, warmup_epochs=5.0, schedule_epochs=44.0, weight_decay=2e-4,
+        momentum=0.9, bn_span=128, target_accuracy=0.759),
 }
+# 64 chips of TPU v5p (v5p:4x4x4) and of v6e (v6e:8x8): no MLPerf ResNet-50 result exists on
+# either (Google's last ResNet submissions were on v4), so these run the v4 submission's batch
+# and schedule above on the same number of chips.
+PRESETS["tpu-v5p-128"] = PRESETS["tpu-v4-128"]
+PRESETS["tpu-v6e-64"] = PRESETS["tpu-v4-128"]
 
 
 # `./run.sh ablate resnet`: (label, mesh, layout, optimizations); the first row of each mesh is

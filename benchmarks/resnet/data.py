@@ -48,7 +48,7 @@ def describe(cfg, process_count: int = 1) -> Data | None:
   if cfg.dataset != "imagenet":
     return None
   image = ((cfg.image_size, cfg.image_size, 3), np.float32)
-  fields = {"image": image, "label": ((), np.int32)}
+  fields = {"image": image, "label": ((), np.int32, f"below:{cfg.num_classes}")}
   return described("imagenet2012", IMAGENET_TRAIN, IMAGENET_EVAL, cfg, process_count, fields,
                    fields, NAMES)
 

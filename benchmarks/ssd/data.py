@@ -261,8 +261,9 @@ def describe(cfg, num_anchors: int, process_count: int = 1) -> Data | None:
     return None
   image = ((cfg.image_size, cfg.image_size, 3), np.uint8)
   train = {"image": image, "boxes": ((num_anchors, 4), np.float32),
-           "labels": ((num_anchors,), np.int32)}
-  evals = {"image": image, "image_id": ((), np.int32), "size": ((2,), np.float32)}
+           "labels": ((num_anchors,), np.int32, f"below:{cfg.num_classes}")}
+  evals = {"image": image, "image_id": ((), np.int32, "index"),
+           "size": ((2,), np.float32, f"const:{cfg.image_size}")}
   return described("coco", COCO_TRAIN, COCO_EVAL, cfg, process_count, train, evals, NAMES)
 
 

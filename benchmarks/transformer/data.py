@@ -208,8 +208,12 @@ def describe(cfg, process_count: int = 1) -> Data | None:
   rows = WMT14_TRAIN_PAIRS
   if cfg.packing:
     rows = int(WMT14_TRAIN_PAIRS * PACKED_TOKENS_PER_PAIR / cfg.max_sequence_length)
-  train = {k: ((cfg.max_sequence_length,), np.int32) for k in TRAIN_FIELDS}
-  evals = {"inputs": ((cfg.max_eval_length,), np.int32), "index": ((), np.int32)}
+  kinds = {"": f"ids:{cfg.vocab_size}", "_segment": "one", "_position": "position"}
+  train = {k: ((cfg.max_sequence_length,), np.int32, kinds[k.removeprefix("inputs")
+                                                           .removeprefix("targets")])
+           for k in TRAIN_FIELDS}
+  evals = {"inputs": ((cfg.max_eval_length,), np.int32, f"ids:{cfg.vocab_size}"),
+           "index": ((), np.int32, "index")}
   return described("wmt14 (described)", rows, WMT14_EVAL, cfg, process_count, train, evals, NAMES)
 
 

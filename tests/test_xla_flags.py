@@ -1,0 +1,71 @@
+"""`--xla_flags`: XLA flags a run adds to XLA_FLAGS before jax starts (the GPU presets set the
+latency-hiding scheduler). XLA aborts a process on a flag it does not know, so the flags are
+tried first; the ones the presets set must be known to the pinned jaxlib, and the flags must
+reach the XLA that compiles the run."""
+
+import glob
+import json
+import os
+import subprocess
+
+import pytest
+
+from benchmarks import registry
+from benchmarks.config import GPU_XLA_FLAGS
+from mesh import devices
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _presets_with_flags():
+  return [(name, preset, cfg) for name, entry in sorted(registry.BENCHMARKS.items())
+          for preset, cfg in sorted(entry.config().PRESETS.items()) if cfg.xla_flags]
+
+
+def test_every_gpu_preset_sets_the_gpu_flags():
+  gpu = [(n, p) for n, entry in registry.BENCHMARKS.items() for p in entry.config().PRESETS
+         if p.startswith("gpu")]
+  assert len(gpu) >= 3
+  with_flags = {(n, p) for n, p, _ in _presets_with_flags()}
+  assert set(gpu) <= with_flags
+
+
+@pytest.mark.parametrize("name,preset,cfg", _presets_with_flags(),
+                         ids=[f"{n}-{p}" for n, p, _ in _presets_with_flags()])
+def test_the_presets_flags_are_known_to_this_xla(name, preset, cfg, monkeypatch):
+  """A flag this jaxlib's XLA does not know would abort a GPU host's run at its first device;
+  here it would be a UserError (the probe is the child process XLA would abort)."""
+  monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
+  devices.add_xla_flags(cfg.xla_flags)
+  assert os.environ["XLA_FLAGS"].split() == (
+      ["--xla_cpu_enable_fast_math=false"] + cfg.xla_flags.split())
+  assert GPU_XLA_FLAGS in cfg.xla_flags
+
+
+def test_an_unknown_flag_is_refused_and_xla_flags_left_alone(monkeypatch):
+  from mesh.errors import UserError
+  monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+  with pytest.raises(UserError, match="does not know --xla_gpu_no_such_knob=1"):
+    devices.add_xla_flags(f"{GPU_XLA_FLAGS} --xla_gpu_no_such_knob=1")
+  assert os.environ["XLA_FLAGS"] == "--xla_force_host_platform_device_count=8"
+
+
+@pytest.mark.slow
+def test_the_flags_reach_the_xla_that_compiles_the_run(tmp_path):
+  """`--xla_dump_to` given through --xla_flags: the run's compiled train step is dumped there,
+  and the run's summary and MLPerf log record the flags it ran with."""
+  dump = tmp_path / "dump"
+  p = subprocess.run(
+      [os.path.join(ROOT, "run.sh"), "resnet", "--config=tiny", "--max_epochs=1",
+       f"--xla_flags=--xla_dump_to={dump} --xla_dump_hlo_as_text",
+       f"--output_dir={tmp_path / 'run'}"],
+      capture_output=True, text=True, check=False, cwd=ROOT)
+  assert p.returncode in (0, 1), p.stderr[-2000:]
+  assert glob.glob(str(dump / "*train*after_optimizations.txt")), sorted(os.listdir(dump))[:20]
+  summary = json.load(open(tmp_path / "run" / "summary.json"))
+  flags = summary["xla_env"]["XLA_FLAGS"].split()
+  assert f"--xla_dump_to={dump}" in flags and "--xla_dump_hlo_as_text" in flags
+  assert summary["config"]["xla_flags"] == f"--xla_dump_to={dump} --xla_dump_hlo_as_text"
+  logged = [json.loads(line.split(":::MLLOG ", 1)[1])
+            for line in open(tmp_path / "run" / "result_0.txt") if ":::MLLOG" in line]
+  assert [e["value"] for e in logged if e["key"] == "meshperf_xla_env"] == [summary["xla_env"]]
