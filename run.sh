@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # meshperf entry point.
 #   ./run.sh <benchmark> [--flag=value ...]   run a benchmark (resnet, transformer, ssd, lm); --help lists its flags
-#   ./run.sh test [--quick] [pytest args]     the linter, then the test suite (8 simulated CPU
-#                                             devices); --quick: the fast tier (minutes)
+#   ./run.sh test [--quick|--pods] [pytest args]  the linter, then the test suite (8 simulated
+#                                             CPU devices); --quick: the fast tier (minutes); --pods:
+#                                             every TPU preset compiled for its slice (an hour)
 #   ./run.sh check PATH                       MLPerf compliance of a result_*.txt or a folder
 #   ./run.sh package <run folders> [--org=NAME --system=NAME]  an MLPerf submission package, checked and scored
 #   ./run.sh ablate <benchmark> [--flags]     each optimization on/off, side by side
@@ -11,6 +12,7 @@
 #   ./run.sh scale <benchmark>|all [--points=FILE]  TPU runs predicted from their compiled steps, beside measured
 #   ./run.sh perf [--quick] [--flags]         step, loop, input, eval, scaling and compile speed (runs/perf/)
 #   ./run.sh throughput <benchmark>|all --config=PRESET  a hardware preset's step on synthetic data: examples/s, tokens/s, MFU
+#   ./run.sh prepare imagenet|coco|wmt14|lm1b --from=DIR --data_dir=DIR  a dataset from its official downloads
 # On first use it creates .venv and installs the project (pinned versions) into it.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -55,21 +57,25 @@ verb="${1:-}"
 case "$verb" in
   "")
     echo "error: ./run.sh needs a verb: a benchmark (resnet, transformer, ssd, lm), test, check," \
-      "package, ablate, sweep, scale, perf, throughput or install; ./run.sh --help shows how each is used" >&2
+      "package, ablate, sweep, scale, perf, throughput, prepare or install; ./run.sh --help shows how each is used" >&2
     exit 2 ;;
   -h|--help|help)
     usage; exit 0 ;;
   -*)
     echo "error: ./run.sh $verb: the first word is a verb (a benchmark, test, check, package," \
-      "ablate, sweep, scale, perf, throughput or install), then its flags; ./run.sh --help shows how each is" \
+      "ablate, sweep, scale, perf, throughput, prepare or install), then its flags; ./run.sh --help shows how each is" \
       "used" >&2
     exit 2 ;;
   test)
     shift; bootstrap
     install_extra tpu || echo "run.sh: the tpu extra did not install; TPU compile tests skip" >&2
-    tier=(); rest=()
+    tier=(-m "not pod"); rest=()
     for a in "$@"; do
-      if [[ "$a" == "--quick" ]]; then tier=(-m "not slow"); else rest+=("$a"); fi
+      case "$a" in
+        --quick) tier=(-m "not slow and not pod") ;;
+        --pods) tier=(-m pod) ;;
+        *) rest+=("$a") ;;
+      esac
     done
     echo "run.sh: ruff check (the linter, pyproject.toml [tool.ruff])" >&2
     "$VENV/bin/ruff" check --quiet . || { echo "error: ruff check failed (above); fix the code" \
@@ -105,6 +111,9 @@ case "$verb" in
   throughput)
     shift; bootstrap
     exec "$VENV/bin/python" -m benchmarks.perf.synthetic "$@" ;;
+  prepare)
+    shift; bootstrap
+    exec "$VENV/bin/python" -m benchmarks.prepare.cli "$@" ;;
   *)
     shift; bootstrap
     if wants_topology "$@"; then install_extra tpu; fi

@@ -48,6 +48,11 @@ REMAT = ("none", "full", "dots")   # `benchmarks.common.layers.remat`
 # collectives to overlap the compute around them (JAX's GPU performance tips,
 # https://docs.jax.dev/en/latest/gpu_performance_tips.html; NVIDIA's JAX containers set it too).
 GPU_XLA_FLAGS = "--xla_gpu_enable_latency_hiding_scheduler=true"
+# The slice each TPU preset is made for (`--compile_only --topology=...`). MLPerf names a TPU
+# system by its TensorCores up to v5p (v3-2048: 1024 chips of 2 cores; v4-128 and v5p-128: 64
+# chips of 2 cores, one JAX device each) and v6e by its chips (v6e-64: 64 chips of one core).
+PRESET_SLICES = {"tpu-v3-2048": "v3:32x32", "tpu-v3-512": "v3:16x16", "tpu-v4-128": "v4:4x4x4",
+                 "tpu-v5p-128": "v5p:4x4x4", "tpu-v6e-64": "v6e:8x8"}
 
 
 def replace(config: Any, overrides: dict[str, Any]) -> Any:

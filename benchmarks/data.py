@@ -35,6 +35,8 @@ class Data:
   names: dict[str, tuple]                   # field -> logical dimension names
   shapes: tuple[Batch, Batch] | None = None # described data: (train, eval) local batches of
                                             # `Field`s; None: the data is read
+  subset: str = ""                          # a real dataset with fewer examples than published
+                                            # (`subset_note`): what the run says about it
 
   def example_batches(self) -> tuple[Batch, Batch]:
     """One local train and one local eval batch (or their `Field`s): they fix the shapes the
@@ -127,6 +129,17 @@ def padded(batches: Iterable[Batch], local_batch: int, steps: int, example: Batc
     yield out
   if next(it, None) is not None:
     raise ValueError("eval stream is longer than its steps")
+
+
+def subset_note(name: str, counts: dict[str, tuple[int, int]]) -> str:
+  """"" when each split has its published count (split -> (examples here, published)), else
+  the line a run says and logs: the dataset is a part (`./run.sh prepare --subset`)."""
+  differ = {s: c for s, c in counts.items() if c[0] != c[1]}
+  if not differ:
+    return ""
+  return (f"{name} is not the published dataset: " + ", ".join(
+      f"{s} {have:,} of {want:,} examples" for s, (have, want) in differ.items()) +
+      " (a subset: its results are not comparable with full-dataset runs)")
 
 
 def open_tfds(data_dir: str, name: str, split: str, dataset_flag: str, prepare: str,

@@ -34,7 +34,7 @@ VERBS = {"main": [sys.executable, "-m", "benchmarks.main"],
 # Python process that imports jax (4-6 s).
 IN_PROCESS = {"main": "benchmarks.main", "ablate": "benchmarks.sweep.ablate",
               "sweep": "benchmarks.sweep.cli", "scale": "benchmarks.pod.scale",
-              "throughput": "benchmarks.perf.synthetic"}
+              "throughput": "benchmarks.perf.synthetic", "prepare": "benchmarks.prepare.cli"}
 # What a case in this process cannot do: the shell script; simulated devices other than this
 # process's 8 (jax starts once per process); libtpu's TPU topologies; multi-host starts.
 OWN_PROCESS_FLAGS = ("--num_cpu_devices", "--topology", "--coordinator_address",
@@ -191,7 +191,7 @@ CASES = [
     ("main", ["transformer", "--dataset=wmt14", "--data_dir={wmt14_garbage}"],
      "dataset_info.json is not a readable dataset_info.json (JSONDecodeError"),
     ("main", ["lm", "--dataset=lm1b", "--data_dir={lm1b_garbage}"],
-     "the folder is damaged: prepare lm1b again with `tfds build lm1b"),
+     "the folder is damaged: prepare lm1b again with `./run.sh prepare lm1b --from="),
     ("main", ["resnet", "--dataset=imagenet", "--data_dir={imagenet_garbage}"],
      "the folder is damaged: prepare imagenet2012 again"),
     ("main", ["ssd", *SSD_COCO, "--data_dir={coco_width0}"], "has width 0; COCO image records"),
@@ -232,6 +232,20 @@ CASES = [
     ("main", ["resnet", "--coordinator_address=auto", "--process_id=0"],
      "the TPU pod numbers its processes itself"),
     ("ablate", ["resnet", "--no_such_flag=1"], "unknown flag --no_such_flag"),
+    ("prepare", ["imagenet", "--from={root}", "--data_dir={out}"],
+     "--from={root} lacks ILSVRC2012_img_train.tar, ILSVRC2012_img_val.tar (from image-net.org"),
+    ("prepare", ["coco", "--from={root}", "--data_dir={out}"],
+     "lacks train2017.zip, val2017.zip, annotations_trainval2017.zip"),
+    ("prepare", ["wmt14", "--from={text_file}", "--data_dir={out}"],
+     "--from={text_file} is not a folder"),
+    ("prepare", ["imagenet", "--from={root}", "--data_dir={out}", "--workers=0"],
+     "--workers=0: at least 1"),
+    ("prepare", ["cifar", "--from={root}", "--data_dir={out}"], "invalid choice: 'cifar'"),
+    ("prepare", ["lm1b", "--data_dir={out}"], "the following arguments are required: --from"),
+    ("prepare", ["coco", "--from={root}", "--data_dir={out}", "--val_labels=x"],
+     "--val_labels is imagenet's"),
+    ("prepare", ["lm1b", "--from={root}", "--data_dir={unwritable}/x"],
+     "--data_dir={unwritable}/x: cannot write in"),
     ("throughput", ["resnet", "--config=tiny"],
      "--dataset=digits is read, not described: the throughput check runs a hardware preset"),
     ("throughput", ["resnet", "--config=gpu-8xh100", "--steps=0"], "--steps=0: timed steps"),

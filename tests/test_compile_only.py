@@ -254,3 +254,42 @@ def test_no_libtpu_noise_on_a_machine_without_tpus(tmp_path):
       env=env)
   assert p.returncode == 1, p.stderr[-2000:]          # the tiny run's epoch limit
   assert "TPU" not in p.stderr and "libtpu" not in p.stderr, p.stderr[-2000:]
+
+
+def _tpu_presets():
+  from benchmarks.config import PRESET_SLICES
+  from benchmarks.registry import BENCHMARKS
+  presets = [(n, p) for n, e in sorted(BENCHMARKS.items()) for p in sorted(e.config().PRESETS)
+             if p.startswith("tpu")]
+  assert all(p in PRESET_SLICES for _, p in presets)
+  return presets
+
+
+def test_every_tpu_preset_names_its_slice():
+  from benchmarks.config import PRESET_SLICES
+  for name, preset in _tpu_presets():
+    t = topology.parse(PRESET_SLICES[preset])
+    # The name's count: TensorCores up to v5p (2 per chip), chips on v6e.
+    count = int(preset.rsplit("-", 1)[1])
+    assert count == t.num_chips * (1 if t.generation == "v6e" else 2), (name, preset)
+
+
+@pytest.mark.pod
+@needs_libtpu
+@pytest.mark.parametrize("name,preset", _tpu_presets(), ids=[f"{n}-{p}" for n, p in _tpu_presets()])
+def test_every_tpu_preset_compiles_for_its_slice_and_fits(name, preset, tmp_path):
+  """The preset at full size, compiled by libtpu for its slice: both steps fit in HBM (the
+  compiler's own memory analysis). Minutes each: `./run.sh test --pods`."""
+  from benchmarks.config import PRESET_SLICES
+  p = _run(name, f"--config={preset}", "--compile_only", f"--topology={PRESET_SLICES[preset]}",
+           "--compile_cache=", f"--output_dir={tmp_path}")
+  assert p.returncode == 0, p.stderr[-3000:]
+  print(f"\n{name} {preset} on {PRESET_SLICES[preset]}:\n" + "\n".join(
+      line for line in p.stdout.splitlines() if line.startswith(("train step", "eval step",
+                                                                  "  model", "predicted"))))
+  summary = json.load(open(tmp_path / "summary.json"))
+  assert summary["fits"] is True
+  for step in ("train", "eval"):
+    s = summary[step]
+    assert s["fits"] is True and 0 < s["memory_per_device"]["total_bytes"] <= \
+        s["hbm_bytes_per_device"], (step, s["memory_per_device"])

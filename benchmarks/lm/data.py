@@ -34,6 +34,7 @@ from benchmarks.data import (
   open_tfds,
   padded,
   process_indices,
+  subset_note,
 )
 from mesh.errors import UserError
 
@@ -53,6 +54,7 @@ class Corpus:
   name: str
   train: Callable[[], Iterator[list[str]]]
   eval: Callable[[], Iterator[list[str]]]
+  subset: str = ""           # a part of the published dataset (`benchmarks.data.subset_note`)
 
 
 # --- reading ------------------------------------------------------------------------------------
@@ -64,8 +66,9 @@ def grammar_lines(n: int, seed: int, translations: bool) -> list[str]:
 
 
 def _read_lm1b(cfg) -> Corpus:
-  prepare = (f"`tfds build {LM1B} --file_format=array_record` (downloads lm1b; needs "
-             f"TensorFlow once), or bring plain text files with --dataset=text")
+  prepare = ("`./run.sh prepare lm1b --from=<folder of 1-billion-word-language-modeling-"
+             "benchmark-r13output.tar.gz> --data_dir=...`, or bring plain text files with "
+             "--dataset=text")
   sources = {split: open_tfds(cfg.data_dir, LM1B, split, LM1B, prepare)
              for split in ("train", "test")}
 
@@ -74,7 +77,9 @@ def _read_lm1b(cfg) -> Corpus:
     for lo in range(0, len(ds), _READ_CHUNK):
       yield [r["text"].decode("utf-8") for r in
              ds.__getitems__(range(lo, min(lo + _READ_CHUNK, len(ds))))]
-  return Corpus("lm1b", lambda: chunks("train"), lambda: chunks("test"))
+  subset = subset_note(LM1B, {"train": (len(sources["train"]), LM1B_TRAIN),
+                              "test": (len(sources["test"]), LM1B_EVAL)})
+  return Corpus("lm1b", lambda: chunks("train"), lambda: chunks("test"), subset)
 
 
 def _read_text(cfg) -> Corpus:
@@ -258,7 +263,8 @@ def make(cfg, process_index: int = 0, process_count: int = 1, say=lambda s: None
   def evaluate():
     return padded(array_batches(eval_arrays, local_eval), local_eval, eval_steps, eval_arrays)
 
-  data = Data(corpus.name, len(rows), len(eval_rows), steps, eval_steps, train, evaluate, NAMES)
+  data = Data(corpus.name, len(rows), len(eval_rows), steps, eval_steps, train, evaluate, NAMES,
+              subset=corpus.subset)
   return data, tok
 
 

@@ -211,6 +211,7 @@ class Outcome:
 
 
 XLA_ENV_KEY = "meshperf_xla_env"   # the compilers' flags the run started with
+SUBSET_KEY = "meshperf_dataset_subset"   # a real dataset with fewer examples than published
 
 
 def xla_env() -> dict[str, str]:
@@ -251,6 +252,9 @@ def _setup(cfg, entry, opts: RunOptions, log: MLPerfLog, say) -> Built:
         f"process(es); {data.name}: {data.num_train} train / {data.num_eval} eval examples, "
         f"{data.steps_per_epoch} steps/epoch; optimizations: "
         f"{', '.join(plan.enabled) or 'none'}")
+    if data.subset:
+      log.event(SUBSET_KEY, data.subset)
+      say(f"note: {data.subset}")
 
   return build(cfg, entry, process_index=jax.process_index(),
                process_count=jax.process_count(),
@@ -437,6 +441,7 @@ def summary(r: Run, out: Outcome, progress: Progress, init_s: float, run_s: floa
       "processes": jax.process_count(),
       "xla_env": xla_env(),
       "dataset": data.name,
+      "dataset_subset": data.subset or None,
       "quality_name": spec.metric,
       "higher_is_better": spec.higher_is_better,
       "target": spec.target(cfg),

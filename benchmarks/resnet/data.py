@@ -21,6 +21,7 @@ from benchmarks.data import (
   open_tfds,
   padded,
   process_indices,
+  subset_note,
 )
 from mesh.errors import UserError
 
@@ -211,8 +212,8 @@ def _absl_flags_parsed() -> None:
 
 def _imagenet(cfg, local_batch, local_eval, pi, pc) -> Data:
   import grain
-  prepare = ("`tfds build imagenet2012 --manual_dir=... --file_format=array_record` (needs "
-             "TensorFlow once), or use --dataset=digits or --dataset=synthetic")
+  prepare = ("`./run.sh prepare imagenet --from=<folder of ILSVRC2012_img_train.tar and "
+             "_val.tar> --data_dir=...`, or use --dataset=digits or --dataset=synthetic")
   # JPEG bytes: inception_crop / center_crop decode each at the scale its crop needs.
   train_src = open_tfds(cfg.data_dir, "imagenet2012", "train", "imagenet", prepare, ("image",))
   eval_src = open_tfds(cfg.data_dir, "imagenet2012", "validation", "imagenet", prepare,
@@ -259,8 +260,10 @@ def _imagenet(cfg, local_batch, local_eval, pi, pc) -> Data:
     example = {"image": np.zeros((1, size, size, 3), np.float32), "label": np.zeros(1, np.int32)}
     return padded(ds.to_iter_dataset(options), local_eval, eval_steps, example)
 
+  subset = subset_note("imagenet2012", {"train": (len(train_src), IMAGENET_TRAIN),
+                                          "validation": (len(eval_src), IMAGENET_EVAL)})
   return Data("imagenet2012", len(train_src), len(eval_src), steps, eval_steps, train, evaluate,
-              NAMES)
+              NAMES, subset=subset)
 
 
 # --- a small ImageNet in the tensorflow-datasets format (tests, `./run.sh perf`) --------------

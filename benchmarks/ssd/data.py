@@ -22,7 +22,7 @@ from typing import Iterator
 import numpy as np
 from PIL import Image
 
-from benchmarks.data import Data, described, num_steps, padded, process_indices
+from benchmarks.data import Data, described, num_steps, padded, process_indices, subset_note
 from benchmarks.ssd import boxes as box_lib
 from benchmarks.ssd import shapes
 from mesh import devices
@@ -252,6 +252,7 @@ def _collate_eval(examples) -> dict:
 
 # COCO 2017 as MLPerf's SSD uses it: the training images with at least one box, all of val2017.
 COCO_TRAIN, COCO_EVAL = 117266, 5000
+COCO_TRAIN_IMAGES = 118287          # in instances_train2017.json, with or without objects
 
 
 def describe(cfg, num_anchors: int, process_count: int = 1) -> Data | None:
@@ -318,7 +319,9 @@ def make(cfg, anchors_xywh: np.ndarray, process_index: int = 0, process_count: i
             for lo in range(0, len(mine), leb))
     return padded(pipe_eval.batches(jobs, _collate_eval), leb, eval_steps, eval_example)
 
+  subset = "" if cfg.dataset != "coco" else subset_note("COCO 2017", {
+      "train2017": (len(train.images), COCO_TRAIN_IMAGES), "val2017": (len(val.images), COCO_EVAL)})
   data = Data(name=f"{cfg.dataset} ({root})", num_train=len(train_images),
               num_eval=len(val.images), steps_per_epoch=steps, eval_steps=eval_steps,
-              train=train_batches, eval=eval_batches, names=NAMES)
+              train=train_batches, eval=eval_batches, names=NAMES, subset=subset)
   return data, val, category_ids

@@ -25,6 +25,7 @@ from benchmarks.data import (
   open_tfds,
   padded,
   process_indices,
+  subset_note,
 )
 from mesh.errors import UserError
 
@@ -35,6 +36,7 @@ NAMES = {**{k: ("batch", "length") for k in TRAIN_FIELDS}, "index": ("batch",),
 WMT14 = "wmt14_translate/de-en"
 # tfds wmt14_translate/de-en: 4,508,785 training pairs; newstest2014, the MLPerf eval set: 3,003.
 WMT14_TRAIN_PAIRS, WMT14_EVAL = 4508785, 3003
+WMT14_PUBLISHED = {"train": WMT14_TRAIN_PAIRS, "validation": 3000, "test": WMT14_EVAL}
 # For described (unread) WMT14 only: packed tokens per pair, packing's waste included. Google's
 # MLPerf v0.6 Transformer packed WMT14 en-de (32k vocabulary) into rows of 256 tokens, 271 steps
 # of 2,048 rows per epoch (mlcommons/training_results_v0.6, Google/benchmarks/transformer/
@@ -50,6 +52,7 @@ class Corpus:
   train_target: list[str]
   eval_source: list[str]
   eval_target: list[str]
+  subset: str = ""           # a part of the published dataset (`benchmarks.data.subset_note`)
 
 
 # --- reading ------------------------------------------------------------------------------------
@@ -57,19 +60,20 @@ class Corpus:
 def _read_tfds(cfg) -> Corpus:
   # Registers the translation builders (tfds.data_source needs wmt14_translate's).
   import tensorflow_datasets.translate  # noqa: F401
-  prepare = (f"`tfds build {WMT14} --file_format=array_record` (downloads WMT14; needs "
-             f"TensorFlow once), or bring plain text files with --dataset=text")
+  prepare = ("`./run.sh prepare wmt14 --from=<folder of the WMT14 training archives and "
+             "dev.tgz> --data_dir=...`, or bring plain text files with --dataset=text")
   src, tgt = cfg.source_language, cfg.target_language
   if {src, tgt} != {"en", "de"}:
     raise UserError(f"--dataset=wmt14 is {WMT14}: --source_language/--target_language must be "
                     f"en and de (got {src}, {tgt})")
-  out = []
+  out, counts = [], {}
   for split in ("train", cfg.eval_split):
     ds = open_tfds(cfg.data_dir, WMT14, split, "wmt14", prepare)
+    counts[split] = (len(ds), WMT14_PUBLISHED[split])
     records = [r for lo in range(0, len(ds), 65536)          # batched reads (4.5M records)
                for r in ds.__getitems__(range(lo, min(lo + 65536, len(ds))))]
     out += [[r[src].decode("utf-8") for r in records], [r[tgt].decode("utf-8") for r in records]]
-  return Corpus(f"wmt14 {src}-{tgt}", *out)
+  return Corpus(f"wmt14 {src}-{tgt}", *out, subset=subset_note(WMT14, counts))
 
 
 def _read_lines(path: str) -> list[str]:
@@ -261,7 +265,8 @@ def make(cfg, process_index: int = 0, process_count: int = 1, say=lambda s: None
     arrays = {"inputs": eval_inputs, "index": mine.astype(np.int32)}
     return padded(array_batches(arrays, local_eval), local_eval, eval_steps, arrays)
 
-  data = Data(corpus.name, len(src), len(eval_ids), steps, eval_steps, train, evaluate, NAMES)
+  data = Data(corpus.name, len(src), len(eval_ids), steps, eval_steps, train, evaluate, NAMES,
+              subset=corpus.subset)
   return data, corpus.eval_target, tok
 
 
