@@ -162,7 +162,7 @@ def open_tfds(data_dir: str, name: str, split: str, dataset_flag: str, prepare: 
     raise UserError(
         f"{folder} holds no ArrayRecord files; meshperf reads tfds datasets "
         f"prepared with --file_format=array_record (no TensorFlow at run time)")
-  _check_split(infos[0], split, name, prepare)
+  check_split(infos[0], split, name, prepare)
   import tensorflow_datasets as tfds
   try:
     decoders = {k: tfds.decode.SkipDecoding() for k in undecoded} or None
@@ -174,7 +174,7 @@ def open_tfds(data_dir: str, name: str, split: str, dataset_flag: str, prepare: 
                     f"{prepare}") from None
 
 
-def _check_split(info_path: str, split: str, name: str, prepare: str) -> None:
+def check_split(info_path: str, split: str, name: str, prepare: str) -> None:
   """The dataset_info.json that tfds wrote parses and lists `split`, whose ArrayRecord files are
   there: a damaged folder is one `error:` line, not tfds's traceback."""
   again = f"the folder is damaged: prepare {name} again with {prepare}"

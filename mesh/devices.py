@@ -43,31 +43,49 @@ def skip_absent_tpu() -> None:
   jax.config.update("jax_platforms", "cuda,cpu" if cuda else "cpu")
 
 
-def add_xla_flags(flags: str) -> None:
-  """Appends `flags` to XLA_FLAGS; before jax starts its backends, which read them once. XLA
-  aborts the process on a flag it does not know, so the flags are first tried in a child
-  process (CPU only, about a second) and an unknown one is a UserError."""
+def check_xla_flags(flags: str, base: str = "") -> str:
+  """`base` (XLA_FLAGS as it is) with `flags` appended, once XLA has taken them: XLA aborts a
+  process on a flag it does not know, so they are tried in a child process (CPU only, about a
+  second) and a flag it refuses is a UserError, in one line."""
   import subprocess
   import sys
-  if not flags.strip():
-    return
   bad = [f for f in flags.split() if not re.match(r"--xla_[a-z0-9_]+(=\S*)?$", f)]
   if bad:
     raise UserError(f"--xla_flags: {bad[0]!r} is not an XLA flag (write --xla_<name>[=value], "
                     "separated by spaces)")
-  merged = " ".join(os.environ.get("XLA_FLAGS", "").split() + flags.split())
-  probe = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"],
-                         env={**os.environ, "XLA_FLAGS": merged, "JAX_PLATFORMS": "cpu"},
-                         capture_output=True, text=True, check=False)
+  tpu = [f for f in flags.split() if f.startswith("--xla_tpu_")]
+  if tpu:
+    raise UserError(f"--xla_flags={flags}: {tpu[0]} is a flag of the TPU compiler (libtpu), "
+                    f"which reads LIBTPU_INIT_ARGS, not XLA_FLAGS: set LIBTPU_INIT_ARGS instead")
+  merged = " ".join(base.split() + flags.split())
+  try:
+    probe = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"],
+                           env={**os.environ, "XLA_FLAGS": merged, "JAX_PLATFORMS": "cpu"},
+                           capture_output=True, text=True, check=False, timeout=300)
+  except subprocess.TimeoutExpired:
+    raise UserError(f"--xla_flags={flags}: trying them in a child process took over 300 s"
+                    ) from None
   if probe.returncode != 0:
     unknown = [line.split("XLA_FLAGS:", 1)[1].strip() for line in probe.stderr.splitlines()
                if "Unknown flag" in line and "XLA_FLAGS:" in line]
     import jax
     why = (f"the XLA of jax {jax.__version__} does not know {unknown[0]}" if unknown
            else f"XLA stopped on them ({' '.join(probe.stderr.split()[-12:])})")
-    raise UserError(f"--xla_flags={flags}: {why}; drop it, or see "
+    raise UserError(f"--xla_flags={flags} (with XLA_FLAGS={base!r}): {why}; drop it, or see "
                     "https://openxla.org/xla/flags_guidance for the flags XLA has")
-  os.environ["XLA_FLAGS"] = merged
+  return merged
+
+
+def add_xla_flags(flags: str) -> None:
+  """Appends `flags` to XLA_FLAGS (`check_xla_flags`) before jax starts its backends, which
+  read them once; after that they would do nothing, so they are refused."""
+  if not flags.strip():
+    return
+  from jax._src import xla_bridge
+  if xla_bridge.backends_are_initialized():
+    raise UserError(f"--xla_flags={flags} came too late: jax's devices have started (XLA reads "
+                    f"XLA_FLAGS once)")
+  os.environ["XLA_FLAGS"] = check_xla_flags(flags, os.environ.get("XLA_FLAGS", ""))
 
 
 def use_cpu_devices(n: int) -> None:

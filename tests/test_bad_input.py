@@ -28,6 +28,8 @@ VERBS = {"main": [sys.executable, "-m", "benchmarks.main"],
          "ablate": [sys.executable, "-m", "benchmarks.sweep.ablate"],
          "sweep": [sys.executable, "-m", "benchmarks.sweep"],
          "scale": [sys.executable, "-m", "benchmarks.pod.scale"],
+         "throughput": [sys.executable, "-m", "benchmarks.perf.synthetic"],
+         "prepare": [sys.executable, "-m", "benchmarks.prepare.cli"],
          "run.sh": [os.path.join(ROOT, "run.sh")]}
 # The same entry points called in this process (`tests.helpers.run_here`: each parses its flags
 # on a fresh set of its own, and ends as `run_main` ends): about 0.1-1 s a case instead of a
@@ -36,9 +38,10 @@ IN_PROCESS = {"main": "benchmarks.main", "ablate": "benchmarks.sweep.ablate",
               "sweep": "benchmarks.sweep.cli", "scale": "benchmarks.pod.scale",
               "throughput": "benchmarks.perf.synthetic", "prepare": "benchmarks.prepare.cli"}
 # What a case in this process cannot do: the shell script; simulated devices other than this
-# process's 8 (jax starts once per process); libtpu's TPU topologies; multi-host starts.
+# process's 8 (jax starts once per process); libtpu's TPU topologies; multi-host starts; XLA
+# flags (XLA reads them when jax starts), which the GPU presets set.
 OWN_PROCESS_FLAGS = ("--num_cpu_devices", "--topology", "--coordinator_address",
-                     "--num_processes", "--process_id")
+                     "--num_processes", "--process_id", "--xla_flags", "--config=gpu")
 # SSD on a COCO folder: a model and batch that would pass every other check. One device and
 # eval batches of one image: the damaged validation image (the third) is not in the first eval
 # batch, which the setup reads for shapes, so without the early check it is found only at the

@@ -62,7 +62,9 @@ def test_a_transformer_preset_counts_every_synthetic_token(tmp_path, capfd):
   examples/s x 64; the model FLOPs of a step are the task's per example x the batch."""
   from benchmarks import registry
   from benchmarks.transformer import config
-  args = ["transformer", "--config=gpu-8xh100", "--num_layers=1", "--d_model=64", "--d_ff=128",
+  # --xla_flags=: this process's XLA has started, so the preset's GPU flags would come too late.
+  args = ["transformer", "--config=gpu-8xh100", "--xla_flags=", "--num_layers=1", "--d_model=64",
+          "--d_ff=128",
           "--num_heads=4", "--d_kv=16", "--vocab_size=1000", "--global_batch_size=16",
           "--eval_batch_size=16", "--steps=3", "--warmup=1", f"--output_dir={tmp_path}"]
   out = _run_here(args, capfd)

@@ -32,21 +32,24 @@ def test_every_gpu_preset_sets_the_gpu_flags():
 
 @pytest.mark.parametrize("name,preset,cfg", _presets_with_flags(),
                          ids=[f"{n}-{p}" for n, p, _ in _presets_with_flags()])
-def test_the_presets_flags_are_known_to_this_xla(name, preset, cfg, monkeypatch):
+def test_the_presets_flags_are_known_to_this_xla(name, preset, cfg):
   """A flag this jaxlib's XLA does not know would abort a GPU host's run at its first device;
   here it would be a UserError (the probe is the child process XLA would abort)."""
-  monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
-  devices.add_xla_flags(cfg.xla_flags)
-  assert os.environ["XLA_FLAGS"].split() == (
-      ["--xla_cpu_enable_fast_math=false"] + cfg.xla_flags.split())
+  merged = devices.check_xla_flags(cfg.xla_flags, "--xla_cpu_enable_fast_math=false")
+  assert merged.split() == ["--xla_cpu_enable_fast_math=false"] + cfg.xla_flags.split()
   assert GPU_XLA_FLAGS in cfg.xla_flags
 
 
-def test_an_unknown_flag_is_refused_and_xla_flags_left_alone(monkeypatch):
+def test_an_unknown_flag_or_a_late_one_is_refused_and_xla_flags_left_alone(monkeypatch):
   from mesh.errors import UserError
   monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
   with pytest.raises(UserError, match="does not know --xla_gpu_no_such_knob=1"):
-    devices.add_xla_flags(f"{GPU_XLA_FLAGS} --xla_gpu_no_such_knob=1")
+    devices.check_xla_flags(f"{GPU_XLA_FLAGS} --xla_gpu_no_such_knob=1")
+  with pytest.raises(UserError, match="--xla_tpu_foo=1 is a flag of the TPU compiler"):
+    devices.check_xla_flags("--xla_tpu_foo=1")
+  # This process's devices have started: flags now would do nothing, and are refused.
+  with pytest.raises(UserError, match="came too late"):
+    devices.add_xla_flags(GPU_XLA_FLAGS)
   assert os.environ["XLA_FLAGS"] == "--xla_force_host_platform_device_count=8"
 
 

@@ -8,11 +8,12 @@ described, not read), fills one global batch with synthetic values of the descri
 the devices (`benchmarks.data.Field.values`: labels below the class count, token ids below
 the vocabulary, one segment per row), then times `--steps` training steps after `--warmup`,
 each step waited for. What it measures is the devices and the compiled step: no input
-pipeline, no evaluation, no MLPerf log. It prints, and writes to `throughput.json` under
---output_dir (default runs/throughput/<timestamp>), per benchmark: the step time (median and
-quartiles), examples/s and tokens/s per device, model TFLOP/s per device and MFU against the
-device's cited peak (`benchmarks.loop.throughput`), XLA's FLOPs of the compiled step and its
-memory per device. The state keeps training on the one batch, so the loss falls; the step's
+pipeline, no evaluation, no MLPerf log. It prints, and writes to `throughput-<benchmark>.json`
+under --output_dir (default runs/throughput/<timestamp>; `all` also merges them into
+`throughput.json`): the step time (median and quartiles), examples/s and tokens/s per device,
+model TFLOP/s per device and MFU against the device's cited peak
+(`benchmarks.loop.throughput`), XLA's FLOPs of the compiled step and its memory per device.
+The state keeps training on the one batch, so the loss falls; the step's
 work does not depend on the values.
 """
 
@@ -196,18 +197,24 @@ def _all(argv: list[str]) -> int:
                     f"benchmarks have: one of {', '.join(have)}")
   stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
   out_dir = flags_lib.flag_value(argv, "output_dir") or os.path.join("runs", "throughput", stamp)
-  rest = [a for a in argv[2:] if not a.startswith("--output_dir")]
+  rest, skip = [], False
+  for a in argv[2:]:
+    if skip or a.startswith("--output_dir"):
+      skip = a == "--output_dir"           # its value is the next word
+      continue
+    rest.append(a)
   status, results = 0, []
   for name in names:
     code = subprocess.run([sys.executable, "-m", "benchmarks.perf.synthetic", name, *rest,
                            f"--output_dir={out_dir}"], check=False).returncode
     path = os.path.join(out_dir, f"throughput-{name}.json")
-    if code == 0 and os.path.exists(path):
-      with open(path) as f:
-        results.append(json.load(f))
+    if code == 0:
+      if os.path.exists(path):             # process 0 writes it; the other hosts do not
+        with open(path) as f:
+          results.append(json.load(f))
     else:
       print(f"throughput: {name} ended with status {code}", file=sys.stderr, flush=True)
-      status = status or code or 3
+      status = status or (code if code > 0 else 128 - code)   # killed by a signal: 128 + it
   if results:
     path = os.path.join(out_dir, "throughput.json")
     with open(path, "w") as f:
@@ -218,6 +225,9 @@ def _all(argv: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
+  if len(argv) >= 2 and argv[1] == "all" and any(a in ("-h", "--help") for a in argv[2:]):
+    print(__doc__)
+    return 0
   if len(argv) >= 2 and argv[1] == "all":
     return _all(argv)
   p = cli.setup(argv, verb="throughput", more_flags=define_flags, reads_no_data=True)

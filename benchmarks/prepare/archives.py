@@ -23,15 +23,31 @@ def need(src: str, names: list[str], where: str) -> list[str]:
   return [os.path.join(src, n) for n in names]
 
 
-def extract(archive: str, dest_for: Callable[[str], str | None], marker: str,
+def extract(archive: str, dest_for: Callable[[str], str | None], folder: str,
             say: Callable[[str], None]) -> list[str]:
-  """Copies each member of the (compressed) tar `archive` that `dest_for(name)` gives a path for
-  out to that path (a temporary file renamed when whole), in one pass; returns the names copied,
-  also kept in `marker` (JSON) once the pass is over. A rerun after an interruption copies only
-  the members not copied yet (a gzip is still read from its start); after a whole pass, none."""
-  if os.path.exists(marker):
-    with open(marker) as f:
-      return json.load(f)
+  """Copies each member of the (compressed) tar `archive` that `dest_for(name)` gives a path
+  for (inside `folder`) out to that path, a temporary file renamed when whole, in one pass;
+  returns the names copied. A rerun after an interruption copies only the members not copied
+  yet (a gzip is still read from its start); after a whole pass, none, unless a file is gone.
+  `folder` belongs to this archive: if the archive changed (size, modification time), what was
+  taken from the old one is removed first."""
+  st = os.stat(archive)
+  stamp = [os.path.abspath(archive), st.st_size, st.st_mtime_ns]
+  marker, origin = os.path.join(folder, "members.json"), os.path.join(folder, "archive.json")
+  if os.path.isdir(folder):
+    try:
+      same = json.load(open(origin)) == stamp
+    except (OSError, ValueError):
+      same = False
+    if not same:
+      shutil.rmtree(folder)
+    elif os.path.exists(marker):
+      names = json.load(open(marker))
+      if all(os.path.exists(dest_for(n)) for n in names):
+        return names
+  os.makedirs(folder, exist_ok=True)
+  with open(origin, "w") as f:
+    json.dump(stamp, f)
   say(f"prepare: reading {os.path.basename(archive)}")
   names = []
   try:
@@ -44,14 +60,17 @@ def extract(archive: str, dest_for: Callable[[str], str | None], marker: str,
         if os.path.exists(dest):
           continue
         os.makedirs(os.path.dirname(dest), exist_ok=True)
-        with t.extractfile(m) as f, open(f"{dest}.tmp", "wb") as out:
-          shutil.copyfileobj(f, out, 1 << 22)
+        src = t.extractfile(m)
+        try:
+          with open(f"{dest}.tmp", "wb") as out:
+            shutil.copyfileobj(src, out, 1 << 22)
+        except OSError as e:
+          raise UserError(f"writing {dest}: {e}") from None
         os.replace(f"{dest}.tmp", dest)
   except (tarfile.TarError, EOFError, OSError, zlib.error) as e:
     raise UserError(f"{archive} cannot be read to its end ({type(e).__name__}: {e}): it is cut "
                     f"off or damaged; download it again (files already taken from it are "
                     f"kept)") from None
-  os.makedirs(os.path.dirname(marker), exist_ok=True)
   with open(f"{marker}.tmp", "w") as f:
     json.dump(names, f)
   os.replace(f"{marker}.tmp", marker)

@@ -20,6 +20,7 @@ Nothing a run would accept exists before the whole dataset is written and checke
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -50,18 +51,21 @@ def parse(argv: list[str]) -> argparse.Namespace:
                  help="the folder holding the official downloads (unrenamed)")
   p.add_argument("--data_dir", required=True, help="where the dataset goes: the --data_dir of "
                  "the benchmark that reads it")
-  p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
-                 help="worker processes (default: the machine's cores)")
+  p.add_argument("--workers", type=int, default=min(32, os.cpu_count() or 1),
+                 help="worker processes (default: the machine's cores, at most 32; each holds "
+                 "a few hundred MB)")
   p.add_argument("--subset", action="store_true",
                  help="accept fewer examples than published (archives cut down on purpose)")
   p.add_argument("--val_labels", default=None,
                  help="imagenet: a synset per validation image (tfds's validation_labels.txt "
                  "form, image 1 first) or Kaggle's LOC_val_solution.csv; default: the file "
                  "tensorflow-datasets ships")
-  return p.parse_args(argv)
+  a = p.parse_args(argv)
+  a.src, a.data_dir = os.path.expanduser(a.src), os.path.expanduser(a.data_dir)
+  return a
 
 
-def _check(a: argparse.Namespace, module) -> None:
+def _check(a: argparse.Namespace) -> None:
   if a.workers < 1:
     raise UserError(f"--workers={a.workers}: at least 1")
   if not os.path.isdir(a.src):
@@ -69,9 +73,12 @@ def _check(a: argparse.Namespace, module) -> None:
   if a.val_labels and a.dataset != "imagenet":
     raise UserError("--val_labels is imagenet's")
   config_lib.check_writable("--data_dir", a.data_dir)
-  archives = [os.path.join(a.src, n) for n in module.ARCHIVE_BYTES]
+
+
+def _check_disk(a: argparse.Namespace, archives: list[str], written: int) -> None:
+  """Free space for the rest of the preparation (what is written already counts)."""
   have = sum(os.path.getsize(p) for p in archives if os.path.isfile(p))
-  need = have * DISK_OVER_ARCHIVES[a.dataset]
+  need = have * DISK_OVER_ARCHIVES[a.dataset] - written
   probe = a.data_dir
   while not os.path.exists(probe):
     probe = os.path.dirname(os.path.abspath(probe))
@@ -82,28 +89,49 @@ def _check(a: argparse.Namespace, module) -> None:
                     f"{need / 2**30:,.1f} GiB; free some space or choose another folder")
 
 
+def _prepared(name: str, final: str) -> bool:
+  """True when `final` holds the whole dataset tfds would read; a folder there that is not one
+  is refused (it is the user's to remove)."""
+  from benchmarks.data import check_split
+  info = os.path.join(final, "dataset_info.json")
+  if not os.path.exists(info):
+    return False
+  with open(info, encoding="utf-8") as f:
+    splits = [sp.get("name") for sp in json.load(f).get("splits", [])]
+  for split in splits:
+    check_split(info, split, name, f"./run.sh prepare (after removing {final})")
+  return True
+
+
 def main(argv: list[str]) -> int:
   if any(a in ("-h", "--help") for a in argv[1:]):
     parse(["--help"])
   a = parse(argv[1:])
   import importlib
   module = importlib.import_module(f"benchmarks.prepare.{a.dataset}")
-  _check(a, module)
+  _check(a)
+  archives = [os.path.join(a.src, n) for n in module.ARCHIVE_BYTES]
 
   def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
   if a.dataset == "coco":
+    if module.prepared(a.data_dir):
+      say(f"prepare: COCO 2017 is already in {a.data_dir} (its annotation files are there); "
+          f"nothing to do")
+      return 0
+    _check_disk(a, archives, module.copied_bytes(a.data_dir))
     module.prepare(a.src, a.data_dir, a.workers, a.subset, say)
     print(f"prepare: done; train with ./run.sh ssd --dataset=coco --data_dir={a.data_dir}")
     return 0
   from benchmarks.prepare import shards
   name = TFDS[a.dataset]
   final = os.fspath(shards.builder(name, a.data_dir).data_dir)
-  if os.path.exists(os.path.join(final, "dataset_info.json")):
+  if _prepared(name, final):
     say(f"prepare: {name} is already in {final}; nothing to do (remove that folder to prepare "
         f"it again)")
     return 0
+  _check_disk(a, archives, shards.written_bytes(a.data_dir))
   raw = os.path.join(a.data_dir, shards.WORK, "raw", a.dataset)
   if a.dataset == "imagenet":
     label_names = shards.builder(name, a.data_dir).info.features["label"].names

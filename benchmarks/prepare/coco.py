@@ -14,11 +14,14 @@ place last, so a folder whose copying stopped has none and no run accepts it. A 
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import multiprocessing
 import os
+import signal
 import sys
 import zipfile
+import zlib
 from typing import Callable
 
 from mesh.errors import UserError
@@ -46,6 +49,10 @@ def _images(z: zipfile.ZipFile, folder: str) -> list[zipfile.ZipInfo]:
 _ZIP: dict[str, zipfile.ZipFile] = {}
 
 
+def _init_worker() -> None:
+  signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl-C is the main process's to handle
+
+
 def _copy(task: tuple[str, str, int, str]) -> tuple[int, str | None]:
   """Copies one member (in a worker): (bytes, error or None)."""
   path, member, size, dest = task
@@ -53,14 +60,32 @@ def _copy(task: tuple[str, str, int, str]) -> tuple[int, str | None]:
     z = _ZIP.get(path) or _ZIP.setdefault(path, zipfile.ZipFile(path))
     with z.open(member) as f:
       data = f.read()
-  except (zipfile.BadZipFile, OSError, EOFError) as e:   # a CRC error is a BadZipFile
+  except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as e:   # CRC: BadZipFile
     return 0, f"{member} in {path} cannot be read ({type(e).__name__}: {e})"
   if len(data) != size:
     return 0, f"{member} in {path} is cut off"
-  with open(f"{dest}.tmp", "wb") as out:
-    out.write(data)
-  os.replace(f"{dest}.tmp", dest)
+  try:
+    with open(f"{dest}.tmp", "wb") as out:
+      out.write(data)
+    os.replace(f"{dest}.tmp", dest)
+  except OSError as e:
+    return 0, f"writing {dest}: {e}"
   return size, None
+
+
+def _annotation_files(data_dir: str) -> list[str]:
+  return [os.path.join(data_dir, "annotations", f"instances_{s}.json") for s in ZIPS]
+
+
+def prepared(data_dir: str) -> bool:
+  """Both annotation files are there: they are put in place last."""
+  return all(os.path.exists(p) for p in _annotation_files(data_dir))
+
+
+def copied_bytes(data_dir: str) -> int:
+  return sum(os.path.getsize(os.path.join(data_dir, s, f)) for s in ZIPS
+             if os.path.isdir(os.path.join(data_dir, s))
+             for f in os.listdir(os.path.join(data_dir, s)))
 
 
 def prepare(src: str, data_dir: str, workers: int, subset: bool,
@@ -71,11 +96,7 @@ def prepare(src: str, data_dir: str, workers: int, subset: bool,
   paths = dict(zip([*ZIPS, "annotations"], need(src, [*ZIPS.values(), ANNOTATIONS],
                                                  "cocodataset.org: 2017 Train, Val images and "
                                                  "Train/Val annotations")))
-  done_json = [os.path.join(data_dir, "annotations", f"instances_{s}.json") for s in ZIPS]
-  if all(os.path.exists(p) for p in done_json):
-    say(f"prepare: COCO 2017 is already in {data_dir} (its annotation files are there); "
-        f"nothing to do")
-    return data_dir
+  done_json = _annotation_files(data_dir)
   with _open(paths["annotations"]) as z:
     try:
       ann = {s: json.loads(z.read(f"annotations/instances_{s}.json")) for s in ZIPS}
@@ -85,16 +106,11 @@ def prepare(src: str, data_dir: str, workers: int, subset: bool,
     except (zipfile.BadZipFile, ValueError, OSError) as e:
       raise UserError(f"{paths['annotations']} cannot be read ({type(e).__name__}: {e}): "
                       f"download it again") from None
-  tasks, have = [], {}
-  for split, name in ZIPS.items():
+  tasks, have, members = [], {}, {}
+  for split in ZIPS:
     with _open(paths[split]) as z:
-      members = _images(z, split)
-    have[split] = {os.path.basename(m.filename) for m in members}
-    os.makedirs(os.path.join(data_dir, split), exist_ok=True)
-    for m in members:
-      dest = os.path.join(data_dir, split, os.path.basename(m.filename))
-      if not (os.path.exists(dest) and os.path.getsize(dest) == m.file_size):
-        tasks.append((paths[split], m.filename, m.file_size, dest))
+      members[split] = _images(z, split)
+    have[split] = {os.path.basename(m.filename) for m in members[split]}
   listed = {s: {im["file_name"] for im in ann[s].get("images", [])} for s in ZIPS}
   counts = {s: len(have[s]) for s in ZIPS}
   differ = {s: counts[s] for s in ZIPS if counts[s] != PUBLISHED[s] or listed[s] - have[s]}
@@ -104,6 +120,12 @@ def prepare(src: str, data_dir: str, workers: int, subset: bool,
     raise UserError(f"COCO 2017 differs from the published dataset ({what}): the zips are "
                     f"incomplete or not the official ones. Check them, or add --subset to "
                     f"prepare a part on purpose")
+  for split in ZIPS:
+    os.makedirs(os.path.join(data_dir, split), exist_ok=True)
+    for m in members[split]:
+      dest = os.path.join(data_dir, split, os.path.basename(m.filename))
+      if not (os.path.exists(dest) and os.path.getsize(dest) == m.file_size):
+        tasks.append((paths[split], m.filename, m.file_size, dest))
   total = sum(counts.values())
   if total - len(tasks):
     say(f"prepare: {total - len(tasks):,} of {total:,} images already copied; copying the rest")
@@ -111,11 +133,15 @@ def prepare(src: str, data_dir: str, workers: int, subset: bool,
              desc="coco", file=sys.stderr, dynamic_ncols=True, mininterval=1.0)
   errors = []
   try:
-    with multiprocessing.get_context("spawn").Pool(max(1, workers)) as pool:
-      for size, error in pool.imap_unordered(_copy, tasks, chunksize=64):
+    with concurrent.futures.ProcessPoolExecutor(
+        max(1, workers), mp_context=multiprocessing.get_context("spawn"),
+        initializer=_init_worker) as pool:
+      for size, error in pool.map(_copy, tasks, chunksize=64):
         if error:
           errors.append(error)
         bar.update(1)
+  except concurrent.futures.process.BrokenProcessPool:
+    errors.insert(0, f"a worker process died (out of memory with --workers={workers}?)")
   finally:
     bar.close()
   if errors:

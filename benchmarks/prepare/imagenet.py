@@ -92,7 +92,8 @@ def plan(src: str, labels_file: str | None, label_names: list[str]) -> list[Shar
   for i, m in enumerate(sorted(inner, key=lambda m: m.name)):
     synset = os.path.basename(m.name)[:-4]
     shards.append(Shard("train", i, len(inner), ("train", train, m.offset_data, m.size,
-                                                 index[synset], m.name), per))
+                                                 index[synset], m.name), per,
+                        key=(m.name, m.size, index[synset])))
   labels = val_labels(labels_file)
   images = []
   for m in sorted(_members(val), key=lambda m: m.name):
@@ -109,7 +110,8 @@ def plan(src: str, labels_file: str | None, label_names: list[str]) -> list[Shar
                       f"ImageNet's 1,000 synsets")
     images.append((m.offset_data, m.size, index[labels[number]], m.name))
   groups = split_evenly(images, VAL_SHARDS)
-  shards += [Shard("validation", i, len(groups), ("validation", val, g), len(g))
+  shards += [Shard("validation", i, len(groups), ("validation", val, g), len(g),
+                   key=[(name, size, label) for _, size, label, name in g])
              for i, g in enumerate(groups)]
   return shards
 

@@ -31,15 +31,16 @@ def plan(src: str, raw: str, say: Callable[[str], None]) -> list[Shard]:
     return os.path.join(raw, os.path.basename(name)) if TRAIN.match(name) or TEST.match(name) \
         else None
 
-  names = archives.extract(archive, dest, os.path.join(raw, "members.json"), say)
+  names = archives.extract(archive, dest, raw, say)
   train = sorted(os.path.join(raw, os.path.basename(n)) for n in names if TRAIN.match(n))
   test = sorted(os.path.join(raw, os.path.basename(n)) for n in names if TEST.match(n))
   if not train or not test:
     raise UserError(f"{archive} holds no {'training' if not train else 'heldout'} files under "
                     f"{TOP}/: not the official archive")
   per = PUBLISHED["train"] // len(train)
-  return [Shard("train", i, len(train), [p], per) for i, p in enumerate(train)] + \
-      [Shard("test", 0, 1, test, PUBLISHED["test"])]
+  size = lambda paths: [(os.path.basename(p), os.path.getsize(p)) for p in paths]
+  return [Shard("train", i, len(train), [p], per, key=size([p])) for i, p in enumerate(train)] + \
+      [Shard("test", 0, 1, test, PUBLISHED["test"], key=size(test))]
 
 
 def examples(files) -> Iterator[tuple[dict, None]]:

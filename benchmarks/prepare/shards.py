@@ -18,15 +18,17 @@ What `tfds.data_source` reads and `benchmarks.data.open_tfds` accepts, without T
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import hashlib
 import importlib
 import json
 import multiprocessing
 import os
-import shutil
+import signal
 import sys
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from mesh.errors import UserError
 
@@ -42,6 +44,13 @@ class Shard:
   count: int
   source: Any
   expected: int = 0          # examples the plan expects in it (progress and ETA); 0: unknown
+  key: Any = None            # what its content is made of (member names, sizes, labels; not
+                             # where they lie in the archive); None: `source`
+
+  def identity(self) -> str:
+    """A shard written from the same identity is the same shard: a rerun keeps it."""
+    what = (self.split, self.index, self.count, self.source if self.key is None else self.key)
+    return hashlib.sha256(repr(what).encode()).hexdigest()
 
 
 class ShardError(Exception):
@@ -79,34 +88,45 @@ _WORKER: dict[str, Any] = {}
 
 
 def _init_worker(name: str, data_dir: str, module: str) -> None:
+  signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl-C is the main process's to handle
   _WORKER["features"] = builder(name, data_dir).info.features
   _WORKER["examples"] = importlib.import_module(module).examples
 
 
 def _write_shard(task: tuple[Shard, str]) -> tuple[Shard, int, int, dict, str | None]:
-  """Writes one shard (in a worker): (shard, examples, bytes, notes, error or None)."""
+  """Writes one shard (in a worker): (shard, examples, bytes, notes, error or None). Any error
+  (a damaged source, a full disk) leaves no file and comes back as one line."""
   from array_record.python import array_record_module
   shard, path = task
   tmp = f"{path}.tmp"
   n = nbytes = 0
   notes: dict[str, int] = {}
-  writer = array_record_module.ArrayRecordWriter(tmp, "group_size:1")
   try:
-    for example, note in _WORKER["examples"](shard.source):
-      record = _WORKER["features"].serialize_example(example)
-      writer.write(record)
-      n += 1
-      nbytes += len(record)
-      if note:
-        notes[note] = notes.get(note, 0) + 1
-  except ShardError as e:
-    writer.close()
-    os.remove(tmp)
-    return shard, 0, 0, notes, str(e)
-  writer.close()
-  with open(f"{path}.json", "w") as f:
-    json.dump({"examples": n, "bytes": nbytes, "notes": notes}, f)
-  os.replace(tmp, path)                      # whole: a rerun skips it
+    writer = array_record_module.ArrayRecordWriter(tmp, "group_size:1")
+    try:
+      for example, note in _WORKER["examples"](shard.source):
+        record = _WORKER["features"].serialize_example(example)
+        writer.write(record)
+        n += 1
+        nbytes += len(record)
+        if note:
+          notes[note] = notes.get(note, 0) + 1
+    finally:
+      writer.close()
+    with open(tmp, "rb+") as f:
+      os.fsync(f.fileno())                       # whole on disk before it counts as written
+    with open(f"{path}.json", "w") as f:
+      json.dump({"examples": n, "bytes": nbytes, "notes": notes, "identity": shard.identity()},
+                f)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)                        # whole: a rerun skips it
+  except Exception as e:                         # ShardError: the source's; others: the disk's
+    for leftover in (tmp, f"{path}.json"):
+      if os.path.exists(leftover) and not os.path.exists(path):
+        os.remove(leftover)
+    what = str(e) if isinstance(e, ShardError) else f"writing {path}: {type(e).__name__}: {e}"
+    return shard, 0, 0, notes, what
   return shard, n, nbytes, notes, None
 
 
@@ -116,13 +136,21 @@ def _progress(total: int, what: str):
               file=sys.stderr, dynamic_ncols=True, mininterval=1.0, smoothing=0.1)
 
 
+def written_bytes(data_dir: str) -> int:
+  """Bytes already under the work folder (a resumed preparation needs that much less disk)."""
+  top = os.path.join(data_dir, WORK)
+  return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(top) for f in fs)
+
+
 def write_tfds(name: str, data_dir: str, shards: list[Shard], module: str,
                published: dict[str, int], workers: int, subset: bool,
                say: Callable[[str], None]) -> str:
   """Writes the registered tfds dataset `name` (with its config, e.g. "wmt14_translate/de-en")
   under `data_dir` from `shards`, whose examples `<module>.examples(source)` yields as
   (example dict, note or None) pairs (a note counts something done to an example, e.g. "CMYK
-  re-encoded"). Returns the dataset's folder. `published`: each split's published count."""
+  re-encoded"). Returns the dataset's folder. `published`: each split's published count. A
+  shard already written is kept when its `Shard.identity` is the plan's (a repaired archive
+  keeps the shards of its undamaged parts; a different one, or other labels, does not)."""
   b = builder(name, data_dir)
   final = os.fspath(b.data_dir)
   rel = os.path.relpath(final, data_dir)
@@ -134,8 +162,14 @@ def write_tfds(name: str, data_dir: str, shards: list[Shard], module: str,
     count = next(s.count for s in shards if s.split == split)
     files = _template(b, split, work).sharded_filepaths(count)
     paths.update({(split, i): os.fspath(p) for i, p in enumerate(files)})
-  done = {key: json.load(open(f"{p}.json")) for key, p in paths.items()
-          if os.path.exists(p) and os.path.exists(f"{p}.json")}
+  done = {}
+  for s in shards:
+    p = paths[(s.split, s.index)]
+    if os.path.exists(p) and os.path.exists(f"{p}.json"):
+      with open(f"{p}.json") as f:
+        d = json.load(f)
+      if d.get("identity") == s.identity():
+        done[(s.split, s.index)] = d
   pending = [s for s in shards if (s.split, s.index) not in done]
   total = sum(s.expected for s in shards)
   if done:
@@ -145,32 +179,39 @@ def write_tfds(name: str, data_dir: str, shards: list[Shard], module: str,
   bar.update(sum(d["examples"] for d in done.values()))
   errors = []
   workers = max(1, min(workers, len(pending) or 1))
-  ctx = multiprocessing.get_context("spawn")        # jax-free workers, no forked threads
   t = time.monotonic()
   try:
-    with ctx.Pool(workers, _init_worker, (name, data_dir, module)) as pool:
-      tasks = [(s, paths[(s.split, s.index)]) for s in pending]
-      for shard, n, nbytes, notes, error in pool.imap_unordered(_write_shard, tasks):
+    # spawn: jax-free workers, no forked threads; a worker that dies (out of memory) breaks
+    # the pool, which ends the run instead of waiting for it forever.
+    with concurrent.futures.ProcessPoolExecutor(
+        workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker,
+        initargs=(name, data_dir, module)) as pool:
+      futures = [pool.submit(_write_shard, (s, paths[(s.split, s.index)])) for s in pending]
+      for future in concurrent.futures.as_completed(futures):
+        shard, n, nbytes, notes, error = future.result()
         if error:
           errors.append(error)
           continue
         done[(shard.split, shard.index)] = {"examples": n, "bytes": nbytes, "notes": notes}
         bar.update(n)
+  except concurrent.futures.process.BrokenProcessPool:
+    errors.insert(0, f"a worker process died (out of memory with --workers={workers}?)")
   finally:
     bar.close()
   if errors:
     more = f" (and {len(errors) - 1} more shards)" if len(errors) > 1 else ""
-    raise UserError(f"{errors[0]}{more}; the {len(done)} shards written are kept in {work}: run "
-                    f"the same command again once the archive is whole, and it continues")
+    raise UserError(f"{errors[0]}{more}; the {len(done)} shards written are kept in {work}: "
+                    f"mend what is said (or lower --workers) and run the same command again: it "
+                    f"continues")
   counts = {split: sum(d["examples"] for (sp, _), d in done.items() if sp == split)
             for split in splits}
   notes: dict[str, int] = {}
   for d in done.values():
     for k, v in d["notes"].items():
       notes[k] = notes.get(k, 0) + v
-  say(f"prepare: wrote {', '.join(f'{split} {counts[split]:,}' for split in splits)} examples in "
-      f"{time.monotonic() - t:.0f} s" + (f"; {', '.join(f'{v:,} {k}' for k, v in notes.items())}"
-                                          if notes else ""))
+  say(f"prepare: {', '.join(f'{split} {counts[split]:,}' for split in splits)} examples "
+      f"({time.monotonic() - t:.0f} s)" + (f"; {', '.join(f'{v:,} {k}' for k, v in notes.items())}"
+                                            if notes else ""))
   differ = {s: (counts[s], published[s]) for s in splits if counts[s] != published.get(s)}
   if differ and not subset:
     what = "; ".join(f"{s}: {have:,} examples, published {want:,}" for s, (have, want) in
@@ -198,8 +239,15 @@ def remove_empty(folder: str, top: str) -> None:
 
 
 def _finish(builder, splits, done, paths, work: str, final: str) -> None:
-  """dataset_info.json and features.json beside the shards, then the folder in place."""
+  """dataset_info.json and features.json beside the shards and nothing else there (files of
+  an earlier plan, a killed worker's temporary files), the folder put in place, then the
+  shards' notes removed from it (kept until then: a failure before the rename keeps every
+  shard counted as written)."""
   import tensorflow_datasets as tfds
+  if os.path.exists(final):
+    raise UserError(f"{final} exists but is not a dataset tfds wrote (no dataset_info.json): "
+                    f"remove it, then run the same command again (the shards in {work} are "
+                    f"kept)")
   infos = []
   for split in splits:
     keys = sorted(k for k in done if k[0] == split)
@@ -207,17 +255,14 @@ def _finish(builder, splits, done, paths, work: str, final: str) -> None:
         name=split, shard_lengths=[done[k]["examples"] for k in keys],
         num_bytes=sum(done[k]["bytes"] for k in keys),
         filename_template=_template(builder, split, final)))
+  shards = {os.path.basename(paths[k]) for k in done}
+  notes = {f"{f}.json" for f in shards}
+  for f in os.listdir(work):
+    if f not in shards | notes:
+      os.remove(os.path.join(work, f))
   builder.info.set_splits(tfds.core.SplitDict(infos))
   builder.info.write_to_directory(work)
-  for key in done:
-    os.remove(f"{paths[key]}.json")
-  if os.path.exists(final):
-    shutil.rmtree(final)              # a refused or older copy: the new one replaces it whole
   os.makedirs(os.path.dirname(final), exist_ok=True)
   os.replace(work, final)
-
-
-def examples_from(records: Iterator[dict]) -> Iterator[tuple[dict, None]]:
-  """Examples with no notes (the text datasets)."""
-  for r in records:
-    yield r, None
+  for f in notes:
+    os.remove(os.path.join(final, f))

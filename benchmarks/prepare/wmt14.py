@@ -46,8 +46,8 @@ def plan(src: str, raw: str, say: Callable[[str], None]) -> list[Shard]:
   files = {}
   for archive, members in [*zip(paths, TRAIN.values()), (paths[-1], VALIDATION + TEST)]:
     wanted = {m: os.path.join(raw, os.path.basename(archive), m) for m in members}
-    got = archives.extract(archive, wanted.get,
-                           os.path.join(raw, os.path.basename(archive), "members.json"), say)
+    got = archives.extract(archive, wanted.get, os.path.join(raw, os.path.basename(archive)),
+                           say)
     missing = [m for m in members if m not in got]
     if missing:
       raise UserError(f"{archive} does not hold {', '.join(missing)}: not the official archive")
@@ -63,10 +63,14 @@ def plan(src: str, raw: str, say: Callable[[str], None]) -> list[Shard]:
     for i, (a, b) in enumerate(zip(de_starts, en_starts)):
       n = min(LINES_PER_SHARD, de_lines - i * LINES_PER_SHARD)
       shards.append(("text", files[de], a, files[en], b, n))
-  out = [Shard("train", i, len(shards), s, s[-1]) for i, s in enumerate(shards)]
-  out.append(Shard("validation", 0, 1, ("text", files[VALIDATION[0]], 0, files[VALIDATION[1]],
-                                          0, 1 << 62), PUBLISHED["validation"]))
-  out.append(Shard("test", 0, 1, ("sgm", files[TEST[0]], files[TEST[1]]), PUBLISHED["test"]))
+  size = lambda *paths: [(os.path.basename(p), os.path.getsize(p)) for p in paths]
+  out = [Shard("train", i, len(shards), s, s[-1], key=(s[2], s[4], s[5], size(s[1], s[3])))
+         for i, s in enumerate(shards)]
+  de, en = files[VALIDATION[0]], files[VALIDATION[1]]
+  out.append(Shard("validation", 0, 1, ("text", de, 0, en, 0, 1 << 62), PUBLISHED["validation"],
+                   key=size(de, en)))
+  de, en = files[TEST[0]], files[TEST[1]]
+  out.append(Shard("test", 0, 1, ("sgm", de, en), PUBLISHED["test"], key=size(de, en)))
   return out
 
 
