@@ -274,9 +274,23 @@ def test_every_tpu_preset_names_its_slice():
     assert count == t.num_chips * (1 if t.generation == "v6e" else 2), (name, preset)
 
 
+# libtpu 0.0.42.1 crashes compiling the convolutional networks at full size for v6e: SIGSEGV,
+# a stack overflow in its TPU backend (xla::jellyfish ... MigrateInstructionUsers), also on
+# v6e:2x2 at the same per-chip batch, in float32, without weight_update_sharding, and with an
+# 1 GiB stack limit; the tiny ResNet compiles for v6e. Strict: a libtpu that compiles them
+# turns these into failures to notice.
+LIBTPU_CRASHES = {("resnet", "tpu-v6e-64"), ("ssd", "tpu-v6e-64")}
+
+
+def _pod_params():
+  return [pytest.param(n, p, id=f"{n}-{p}", marks=[pytest.mark.xfail(
+      strict=True, reason="libtpu 0.0.42.1 crashes (stack overflow in its v6e backend)")]
+      if (n, p) in LIBTPU_CRASHES else []) for n, p in _tpu_presets()]
+
+
 @pytest.mark.pod
 @needs_libtpu
-@pytest.mark.parametrize("name,preset", _tpu_presets(), ids=[f"{n}-{p}" for n, p in _tpu_presets()])
+@pytest.mark.parametrize("name,preset", _pod_params())
 def test_every_tpu_preset_compiles_for_its_slice_and_fits(name, preset, tmp_path):
   """The preset at full size, compiled by libtpu for its slice: both steps fit in HBM (the
   compiler's own memory analysis). Minutes each: `./run.sh test --pods`."""

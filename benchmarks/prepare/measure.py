@@ -12,6 +12,7 @@ network mount) than the one measured adds to it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import os
 import shutil
@@ -141,16 +142,17 @@ def main(argv=None) -> None:
       fn, n = make[name]
       count = fn(src, rng, n)
       t = time.perf_counter()
-      code, last = ending(cli.main, ["prepare", name, f"--from={src}", f"--data_dir={out}",
-                                     f"--workers={a.workers}", "--subset"])
+      with contextlib.redirect_stdout(io.StringIO()):     # its "done" line
+        code, last = ending(cli.main, ["prepare", name, f"--from={src}", f"--data_dir={out}",
+                                       f"--workers={a.workers}", "--subset"])
       s = time.perf_counter() - t
       if code:
         raise SystemExit(f"{name}: {last}")
       per = 1000 * s / count
       full = FULL[name] * per / 1000
       print(f"| {name} | {count:,} | {_size(src) / 1e6:,.1f} | {_size(out) / 1e6:,.1f} | "
-            f"{per:.2f} | {full / 3600:,.1f} h, {_size(out) / count * FULL[name] / 1e9:,.0f} GB |",
-            flush=True)
+            f"{per:.2f} | {full / 60:,.0f} minutes, {_size(out) / count * FULL[name] / 1e9:,.1f} "
+            f"GB |", flush=True)
     finally:
       shutil.rmtree(root, ignore_errors=True)
 
