@@ -44,6 +44,10 @@ class Common:
 
 
 REMAT = ("none", "full", "dots")   # `benchmarks.common.layers.remat`
+# How attention runs (`--attention`, the Transformer and the LM): `xla`, jax's XLA
+# implementation on every backend; `cudnn`, cuDNN's fused kernel (jax.nn.dot_product_attention's
+# `implementation="cudnn"`: NVIDIA GPUs, bfloat16 or float16, no dropout on the weights).
+ATTENTION = ("xla", "cudnn")
 # What the GPU presets set (`--xla_flags`): XLA's latency-hiding scheduler, which moves
 # collectives to overlap the compute around them (JAX's GPU performance tips,
 # https://docs.jax.dev/en/latest/gpu_performance_tips.html; NVIDIA's JAX containers set it too).
@@ -104,6 +108,20 @@ def non_negative(v) -> bool:
 def fraction(v) -> bool:
   """In [0, 1): dropout rates, label smoothing, momentum, decay rates."""
   return 0 <= v < 1
+
+
+def check_attention(c) -> None:
+  """`--attention`: a known implementation, and for cuDNN's what its fused kernel takes (the
+  backend is checked when the devices are known, `benchmarks.common.transformer`)."""
+  if c.attention not in ATTENTION:
+    raise UserError(f"--attention={c.attention}: choose one of {', '.join(ATTENTION)}")
+  if c.attention == "cudnn" and c.dtype != "bfloat16":
+    raise UserError(f"--attention=cudnn runs cuDNN's fused kernel, in bfloat16 only (got "
+                    f"--dtype={c.dtype}): pass --dtype=bfloat16 or --attention=xla")
+  if c.attention == "cudnn" and c.attention_dropout > 0:
+    raise UserError(f"--attention=cudnn: cuDNN's fused kernel has no dropout on the attention "
+                    f"weights (--attention_dropout={c.attention_dropout}): pass "
+                    f"--attention_dropout=0 or --attention=xla")
 
 
 def validate_common(c: Common) -> None:

@@ -21,6 +21,7 @@ from flax import linen as nn
 
 from benchmarks.common.layers import layer_output, named_init, param_dtype
 from mesh import constrain
+from mesh.errors import UserError
 
 EMB = ("batch", "length", "embed")
 HEADS = ("batch", "length", "heads", "d_kv")
@@ -56,6 +57,15 @@ class LayerNorm(nn.Module):
     return ((xf - mean) * jax.lax.rsqrt(var + self.epsilon) * scale + bias).astype(self.dtype)
 
 
+def check_backend(attention: str) -> None:
+  """cuDNN's fused attention runs on NVIDIA GPUs only: refused in one line elsewhere (jax
+  itself would fail tracing, "cuDNN is not detected"). A compile-only run for a TPU slice runs
+  on this host's default backend and is refused too."""
+  if attention == "cudnn" and jax.default_backend() != "gpu":
+    raise UserError(f"--attention=cudnn runs cuDNN's fused kernel on NVIDIA GPUs; this run's "
+                    f"backend is {jax.default_backend()}: pass --attention=xla")
+
+
 def _to_cache(t):
   """(batch, length, heads, d_kv) -> the decoding caches' (batch, heads, d_kv, length)."""
   return constrain(jnp.transpose(t, (0, 2, 3, 1)), CACHE)
@@ -67,6 +77,7 @@ class Attention(nn.Module):
   d_kv: int
   dropout: float = 0.0
   dtype: Any = jnp.float32
+  implementation: str = "xla"   # or "cudnn" (`--attention`, `check_backend`)
 
   @nn.compact
   def __call__(self, x, kv, bias, train: bool, cache: str = "", step=None):
@@ -89,11 +100,17 @@ class Attention(nn.Module):
     q = proj(x, wq) * (self.d_kv ** -0.5)
     if not cache and not (train and self.dropout > 0) and dt != jnp.float64:
       # jax's attention (the same dots and softmax as below, the softmax in float32). With no
-      # `implementation` named, jax 0.10 runs its XLA one on every backend (cuDNN's is opt-in:
-      # jax.nn.dot_product_attention's docs). Attention dropout needs the weights, and jax's
-      # softmax in float32 would round float64 exactness runs: those take the path below.
+      # `implementation` named, jax 0.10 runs its XLA one on every backend; cuDNN's fused kernel
+      # is opt-in (jax.nn.dot_product_attention's docs) and takes a bias as long as the logits
+      # (its T and S), so the padding bias is broadcast. Attention dropout needs the weights, and
+      # jax's softmax in float32 would round float64 exactness runs: those take the path below.
       k, v = proj(kv, wk), proj(kv, wv)
-      o = jax.nn.dot_product_attention(q, k, v, bias=bias.astype(dt), scale=1.0)
+      b = bias.astype(dt)
+      if self.implementation == "cudnn":
+        b = jnp.broadcast_to(b, b.shape[:2] + (q.shape[1], k.shape[1]))
+      o = jax.nn.dot_product_attention(
+          q, k, v, bias=b, scale=1.0,
+          implementation="cudnn" if self.implementation == "cudnn" else None)
       return constrain(jnp.einsum("bqhk,hkd->bqd", constrain(o, HEADS), wo.astype(dt)), EMB)
     if not cache:
       k, v = proj(kv, wk), proj(kv, wv)
@@ -191,6 +208,7 @@ class Dims:
   dropout: float
   attention_dropout: float
   dtype: Any
+  attention: str = "xla"        # `Attention.implementation`
 
 
 class SelfAttentionBlock(nn.Module):
@@ -206,7 +224,8 @@ class SelfAttentionBlock(nn.Module):
       return nn.Dropout(c.dropout)(t, deterministic=not train)
 
     y = LayerNorm(c.dtype)(x)
-    x = x + drop(Attention(c.num_heads, c.d_kv, c.attention_dropout, c.dtype)(y, y, bias, train))
+    x = x + drop(Attention(c.num_heads, c.d_kv, c.attention_dropout, c.dtype, c.attention)(
+        y, y, bias, train))
     y = LayerNorm(c.dtype)(x)
     return layer_output(x + drop(FeedForward(c.d_ff, c.dropout, c.dtype)(y, train)))
 

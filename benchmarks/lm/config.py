@@ -13,7 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from benchmarks.config import GPU_XLA_FLAGS, Common, non_negative, positive, require
+from benchmarks.config import (
+  GPU_XLA_FLAGS,
+  Common,
+  check_attention,
+  non_negative,
+  positive,
+  require,
+)
 from benchmarks.task import Spec
 from mesh.errors import UserError
 
@@ -44,6 +51,7 @@ class Config(Common):
   shared_embedding: bool = False    # output logits from the token embedding (paper: separate)
   dropout: float = 0.1              # on embeddings, residual branches and feed-forward hidden
   attention_dropout: float = 0.1    # on the attention weights
+  attention: str = "xla"           # xla, or cudnn (GPUs: cuDNN's fused kernel; benchmarks.config)
   label_smoothing: float = 0.0      # training loss only; eval is the plain log perplexity
   # Optimizer: Adam(W), linear warmup then cosine decay (MLPerf llama31_8b).
   optimizer: str = "adamw"          # adamw (decoupled weight decay) or adam
@@ -145,6 +153,7 @@ ABLATIONS = (
 
 
 def validate(c: Config) -> None:
+  check_attention(c)
   if c.dataset not in DATASETS:
     raise UserError(f"--dataset={c.dataset}: choose one of {', '.join(DATASETS)}")
   if c.dataset in ("lm1b", "text") and not c.data_dir:

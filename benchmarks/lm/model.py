@@ -55,6 +55,7 @@ class LanguageModel(nn.Module):
   dropout: float = 0.0
   attention_dropout: float = 0.0
   dtype: Any = jnp.float32
+  attention: str = "xla"            # `Attention.implementation`
 
   @nn.compact
   def __call__(self, tokens, segment=None, position=None, train: bool = False):
@@ -73,7 +74,7 @@ class LanguageModel(nn.Module):
     x = constrain(x, EMB)
     bias = attention_bias(segment, segment, causal=True)
     dims = Dims(self.num_heads, self.d_kv, self.d_ff, self.dropout, self.attention_dropout,
-                self.dtype)
+                self.dtype, self.attention)
     for i in range(self.num_layers):
       x = SelfAttentionBlock(dims, name=f"layer_{i}")(x, bias, train)
     x = LayerNorm(self.dtype, name="final_norm")(x)

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import optax
 
 from benchmarks.common.layers import compute_dtype
-from benchmarks.common.transformer import padded_vocab, xent
+from benchmarks.common.transformer import check_backend, padded_vocab, xent
 from benchmarks.lm import data as data_lib
 from benchmarks.lm.config import PRESETS, Config
 from benchmarks.lm.model import LanguageModel
@@ -34,7 +34,7 @@ def make_model(cfg: Config, real_vocab: int, dtype=None) -> LanguageModel:
                        num_layers=cfg.num_layers, d_model=cfg.d_model, d_ff=cfg.d_ff,
                        num_heads=cfg.num_heads, d_kv=cfg.d_kv,
                        shared_embedding=cfg.shared_embedding, dropout=cfg.dropout,
-                       attention_dropout=cfg.attention_dropout,
+                       attention_dropout=cfg.attention_dropout, attention=cfg.attention,
                        dtype=dtype or compute_dtype(cfg.dtype))
 
 
@@ -154,6 +154,7 @@ def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int
   accumulation micro-batches), so the per-replica micro-batch is global_batch_size / replicas.
   `shapes_only`: lm1b is described, not read; the vocabulary is --vocab_size (compile-only)."""
   compute_dtype(cfg.dtype)
+  check_backend(cfg.attention)
   say = (lambda s: print(s, flush=True)) if process_index == 0 else (lambda s: None)
   described = shapes_only and data_lib.describe(cfg, process_count)
   if described:

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 
-from benchmarks.config import GPU_XLA_FLAGS, Common, fraction, non_negative, positive, require
+from benchmarks.config import (
+  GPU_XLA_FLAGS,
+  Common,
+  check_attention,
+  fraction,
+  non_negative,
+  positive,
+  require,
+)
 from benchmarks.task import Spec
 from mesh.errors import UserError
 
@@ -39,6 +47,7 @@ class Config(Common):
   d_kv: int = 64                    # per head
   dropout: float = 0.1
   attention_dropout: float = 0.1
+  attention: str = "xla"           # xla, or cudnn (GPUs: cuDNN's fused kernel; benchmarks.config)
   label_smoothing: float = 0.1
   # Optimizer: Adam, linear warmup then rsqrt decay, scaled by d_model ** -0.5.
   optimizer: str = "adam"
@@ -151,6 +160,7 @@ ABLATIONS = (
 
 
 def validate(c: Config) -> None:
+  check_attention(c)
   if c.dataset not in DATASETS:
     raise UserError(f"--dataset={c.dataset}: choose one of {', '.join(DATASETS)}")
   if c.truncation not in TRUNCATION:

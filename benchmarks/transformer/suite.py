@@ -9,7 +9,7 @@ from flax.traverse_util import flatten_dict, unflatten_dict
 
 from benchmarks.common.layers import compute_dtype
 from benchmarks.common.tokenizer import EOS
-from benchmarks.common.transformer import padded_vocab, xent
+from benchmarks.common.transformer import check_backend, padded_vocab, xent
 from benchmarks.task import TRAIN_FLOPS, LossAux, Task
 from benchmarks.transformer import bleu
 from benchmarks.transformer import data as data_lib
@@ -48,7 +48,7 @@ def make_model(cfg: Config, real_vocab: int, dtype=None) -> Transformer:
   return Transformer(vocab=padded_vocab(real_vocab), real_vocab=real_vocab,
                      num_layers=cfg.num_layers, d_model=cfg.d_model, d_ff=cfg.d_ff,
                      num_heads=cfg.num_heads, d_kv=cfg.d_kv, dropout=cfg.dropout,
-                     attention_dropout=cfg.attention_dropout,
+                     attention_dropout=cfg.attention_dropout, attention=cfg.attention,
                      dtype=dtype or compute_dtype(cfg.dtype))
 
 
@@ -91,6 +91,7 @@ def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int
   runs: no tokenizer, no BLEU)."""
   del replicas
   compute_dtype(cfg.dtype)
+  check_backend(cfg.attention)
   say = (lambda s: print(s, flush=True)) if process_index == 0 else (lambda s: None)
   described = shapes_only and data_lib.describe(cfg, process_count)
   if described:
