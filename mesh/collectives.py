@@ -2,12 +2,13 @@
 
 A `Reduction` sums replicas' gradients over one or more phases of mesh axes: one phase is a
 plain all-reduce; two phases (`(x,), (y,)`) are the 2-D gradient summation of the MLPerf-0.6
-TPU-pod work: reduce-scatter along x, all-reduce along y, all-gather along x. Gradients travel
-as one bucket (a flat buffer) so a step issues a handful of collectives, not one per tensor.
+TPU-pod work: reduce-scatter along x, all-reduce along y, all-gather along x. Summed whole,
+gradients travel as one bucket (a flat buffer), so a step issues a handful of collectives, not
+one per tensor.
 
-`rows` lay a tree out as an (N, M) buffer whose row i holds replica i's 1/N of every tensor, so
-a reduce-scatter over dimension 0 leaves each replica its own slice of every tensor (weight-update
-sharding), and the per-tensor (N, m) views line up with that slice without any data movement.
+A reduce-scatter of a tensor, each phase along one of its dimensions, leaves every replica the
+block a PartitionSpec naming the phases' axes on those dimensions places there: weight-update
+sharding updates each replica's block of every tensor in the parameters' own shapes.
 """
 
 from __future__ import annotations
@@ -48,18 +49,25 @@ class Reduction:
       x = jax.lax.all_gather(x, p, axis=0, tiled=True)
     return x[:n]
 
-  def reduce_scatter(self, rows: jax.Array) -> jax.Array:
-    """(N, M) -> (1, M): replica i keeps the sum of row i (N = replicas, x-major order)."""
-    for p in self.phases:
-      rows = jax.lax.psum_scatter(rows, p, scatter_dimension=0, tiled=True)
-    return rows
+  def _dims(self, dims) -> tuple[int | None, ...]:
+    return (dims,) * len(self.phases) if isinstance(dims, int) else tuple(dims)
 
-  def all_gather(self, row: jax.Array) -> jax.Array:
-    """(1, M) -> (N, M): the inverse of `reduce_scatter`'s layout, phases in reverse."""
-    for p in reversed(self.phases):
-      row = jax.lax.all_gather(row, p, axis=0, tiled=True)
-    return row
+  def reduce_scatter(self, x: jax.Array, dims: int | Sequence[int | None] = 0) -> jax.Array:
+    """The sum over replicas of `x`, each phase scattering along its dimension (`dims`: one per
+    phase, or one for all), whose size the phase's devices divide, or, where a phase's
+    dimension is None, all-reducing over that phase: on the dimensions named, the block a
+    PartitionSpec naming each phase's axes there (in phase order) places on a replica."""
+    for p, d in zip(self.phases, self._dims(dims)):
+      x = jax.lax.psum(x, p) if d is None else jax.lax.psum_scatter(
+          x, p, scatter_dimension=d, tiled=True)
+    return x
 
+  def all_gather(self, x: jax.Array, dims: int | Sequence[int | None] = 0) -> jax.Array:
+    """The inverse of `reduce_scatter`'s layout: every replica's block, phases in reverse."""
+    for p, d in reversed(list(zip(self.phases, self._dims(dims)))):
+      if d is not None:
+        x = jax.lax.all_gather(x, p, axis=d, tiled=True)
+    return x
 
 def flatten(tree: Any) -> jax.Array:
   """All leaves as one 1-D buffer (in the leaves' common dtype)."""
@@ -75,40 +83,4 @@ def unflatten(flat: jax.Array, like: Any) -> Any:
     n = math.prod(x.shape)
     out.append(flat[i:i + n].reshape(x.shape).astype(x.dtype))
     i += n
-  return jax.tree.unflatten(treedef, out)
-
-
-def row_width(shape: Sequence[int], n: int) -> int:
-  return -(-math.prod(shape) // n)
-
-
-def to_rows(tree: Any, n: int) -> Any:
-  """Each leaf as an (n, ceil(size/n)) array (zero-padded): row i is replica i's slice."""
-  def one(x):
-    m = row_width(x.shape, n)
-    return jnp.pad(jnp.ravel(x), (0, n * m - math.prod(x.shape))).reshape(n, m)
-  return jax.tree.map(one, tree)
-
-
-def from_rows(rows: Any, like: Any) -> Any:
-  """Inverse of `to_rows` (drops the padding)."""
-  return jax.tree.map(
-      lambda r, x: jnp.ravel(r)[:math.prod(x.shape)].reshape(x.shape).astype(x.dtype), rows, like)
-
-
-def concat_rows(rows: Any) -> jax.Array:
-  """A tree of (n, m_t) arrays as one (n, sum m_t) bucket."""
-  leaves = jax.tree.leaves(rows)
-  dtype = jnp.result_type(*leaves)
-  return jnp.concatenate([x.astype(dtype) for x in leaves], axis=1)
-
-
-def split_rows(bucket: jax.Array, like_rows: Any) -> Any:
-  """Inverse of `concat_rows`: the (n, m_t) column blocks, shaped like `like_rows`."""
-  leaves, treedef = jax.tree.flatten(like_rows)
-  out, i = [], 0
-  for x in leaves:
-    m = x.shape[1]
-    out.append(bucket[:, i:i + m].astype(x.dtype))
-    i += m
   return jax.tree.unflatten(treedef, out)

@@ -52,6 +52,7 @@ class StepContext:
   sharder: Sharder
   plan: Plan
   param_shardings: Any
+  param_shapes: Any          # jax.ShapeDtypeStruct of every parameter
 
 
 def plain_plan(sharder: Sharder) -> Plan:
@@ -174,7 +175,7 @@ def compile_steps(task: Task, sharder: Sharder, seed: int, train_example: dict,
   var_shardings = sharder.tree(names, shapes)
   repl = sharder.replicated()
   param_shapes, param_shardings = shapes["params"], var_shardings["params"]
-  ctx = StepContext(sharder, plan, param_shardings)
+  ctx = StepContext(sharder, plan, param_shardings, param_shapes)
   view_shapes = jax.eval_shape(lambda p: plan.update.view(p, ctx), param_shapes)
   opt_shapes = jax.eval_shape(tx.init, view_shapes)
   opt_shardings = follow_params(opt_shapes, view_shapes,
