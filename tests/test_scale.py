@@ -200,6 +200,9 @@ def test_the_verb_writes_table_json_plot_and_errors(tmp_path):
   got = out["benchmarks"]["transformer"]
   assert [r["point"]["chips"] for r in got] == [16, 64]
   assert out["mape"]["held_out_step"]["mape_pct"] == pytest.approx(want)
+  below = sum(r <= 1.0 for r in ratios)
+  assert out["at_or_below_measured"] == {"all points": [below, 2], "transformer": [below, 2]}
+  assert f"transformer: {below} of 2 points' modelled step at or below the measured step" in text
   for r in got:
     p = r["prediction"]
     assert {"modelled_step_ms", "measured_step_ms", "modelled_minutes", "published_minutes",

@@ -223,7 +223,8 @@ def run(chosen: list[Point], output_dir: str, plot_path: str | None, cache_dir: 
   label = next(iter(rows)) if len(rows) == 1 else "all"
   out = os.path.join(output_dir, f"scale_{label}.json")
   with open(out, "w") as f:
-    json.dump({"benchmarks": rows, "within": WITHIN, "mape": mapes(every)}, f, indent=1,
+    json.dump({"benchmarks": rows, "within": WITHIN, "mape": mapes(every),
+               "at_or_below_measured": at_or_below(every)}, f, indent=1,
               default=float)
   png = plot_path or os.path.join(output_dir, f"scale_{label}.png")
   plot(rows, png)
@@ -288,9 +289,23 @@ def mapes(rows: list[dict]) -> dict[str, Any]:
       n: _mape_groups([r for r in rows if r["point"]["benchmark"] == n]) for n in names}}
 
 
+def at_or_below(rows: list[dict]) -> dict[str, list[int]]:
+  """[points whose modelled step is at most the measured one, points with a measured step],
+  over all points and per benchmark: how many of meshperf's programs would be as fast as
+  Google's measured steps on the same slices."""
+  def count(mine):
+    ratios = [r["prediction"]["modelled_step_ms"] / r["prediction"]["measured_step_ms"]
+              for r in mine if r["prediction"]["measured_step_ms"]]
+    return [sum(x <= 1.0 for x in ratios), len(ratios)]
+  names = list(dict.fromkeys(r["point"]["benchmark"] for r in rows))
+  return {"all points": count(rows),
+          **{n: count([r for r in rows if r["point"]["benchmark"] == n]) for n in names}}
+
+
 def errors(rows: list[dict]) -> str:
   m = mapes(rows)
-  lines = []
+  lines = [f"{label:>12}: {k} of {n} points' modelled step at or below the measured step"
+           for label, (k, n) in at_or_below(rows).items() if n]
   for label, groups in [("all points", m)] + list(m["by_benchmark"].items()):
     for key, v in groups.items():
       if key == "by_benchmark" or not v["points"]:
