@@ -162,7 +162,9 @@ def test_compiled_tpu_program():
   assert by_size[("all-reduce", 4)]["rings"]                   # across the 2x2 chips
   assert by_size[("all-reduce", 2)]["seconds"] < by_size[("all-reduce", 4)]["seconds"]
   assert out["step_s"] == pytest.approx(max(out["compute_s"], out["memory_s"])
-                                        + out["collective_s"])
+                                        + out["overhead_s"] + out["collective_s"])
+  assert out["overhead_s"] == pytest.approx(
+      out["kernels"] * V3.calibration.kernel_overhead_s)    # v3's fitted time per kernel
 
 
 def test_hardware_per_device_and_wraparound():
