@@ -69,6 +69,7 @@ class Reduction:
         x = jax.lax.all_gather(x, p, axis=d, tiled=True)
     return x
 
+
 def flatten(tree: Any) -> jax.Array:
   """All leaves as one 1-D buffer (in the leaves' common dtype)."""
   leaves = jax.tree.leaves(tree)
