@@ -149,7 +149,9 @@ def validate_common(c: Common) -> None:
 
 # --- paths a run will write ---------------------------------------------------------------------
 
-def _nearest_existing(path: str) -> str:
+def nearest_existing(path: str) -> str:
+  """`path`, or the deepest of its parent folders that exists (made absolute)."""
+  path = os.path.abspath(path)
   while not os.path.exists(path):
     path = os.path.dirname(path)
   return path
@@ -172,7 +174,7 @@ def check_writable(flag: str, path: str, kind: str = "folder") -> None:
     raise UserError(f"{flag}={path} is a file; name a folder (it is made if missing)")
   if kind == "file" and os.path.isdir(path):
     raise UserError(f"{flag}={path} is a folder; name a file")
-  base = _nearest_existing(path if kind == "folder" else os.path.dirname(path))
+  base = nearest_existing(path if kind == "folder" else os.path.dirname(path))
   if not os.path.isdir(base):
     raise UserError(f"{flag}={path}: {base} is a file, so nothing can be made under it; choose "
                     f"another path")

@@ -23,6 +23,12 @@ def need(src: str, names: list[str], where: str) -> list[str]:
   return [os.path.join(src, n) for n in names]
 
 
+def sizes(paths) -> list[tuple[str, int]]:
+  """(file name, bytes) of each path: what a shard made of whole files is made of
+  (`shards.Shard.key`)."""
+  return [(os.path.basename(p), os.path.getsize(p)) for p in paths]
+
+
 def extract(archive: str, dest_for: Callable[[str], str | None], folder: str,
             say: Callable[[str], None]) -> list[str]:
   """Copies each member of the (compressed) tar `archive` that `dest_for(name)` gives a path

@@ -79,10 +79,7 @@ def _check_disk(a: argparse.Namespace, archives: list[str], written: int) -> Non
   """Free space for the rest of the preparation (what is written already counts)."""
   have = sum(os.path.getsize(p) for p in archives if os.path.isfile(p))
   need = have * DISK_OVER_ARCHIVES[a.dataset] - written
-  probe = a.data_dir
-  while not os.path.exists(probe):
-    probe = os.path.dirname(os.path.abspath(probe))
-  free = shutil.disk_usage(probe).free
+  free = shutil.disk_usage(config_lib.nearest_existing(a.data_dir)).free
   if need > free:
     raise UserError(f"--data_dir={a.data_dir}: {free / 2**30:,.1f} GiB free, and preparing "
                     f"{a.dataset} from {have / 2**30:,.1f} GiB of archives needs about "

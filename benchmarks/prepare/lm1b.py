@@ -38,9 +38,9 @@ def plan(src: str, raw: str, say: Callable[[str], None]) -> list[Shard]:
     raise UserError(f"{archive} holds no {'training' if not train else 'heldout'} files under "
                     f"{TOP}/: not the official archive")
   per = PUBLISHED["train"] // len(train)
-  size = lambda paths: [(os.path.basename(p), os.path.getsize(p)) for p in paths]
-  return [Shard("train", i, len(train), [p], per, key=size([p])) for i, p in enumerate(train)] + \
-      [Shard("test", 0, 1, test, PUBLISHED["test"], key=size(test))]
+  return [Shard("train", i, len(train), [p], per, key=archives.sizes([p]))
+          for i, p in enumerate(train)] + \
+      [Shard("test", 0, 1, test, PUBLISHED["test"], key=archives.sizes(test))]
 
 
 def examples(files) -> Iterator[tuple[dict, None]]:

@@ -63,14 +63,15 @@ def plan(src: str, raw: str, say: Callable[[str], None]) -> list[Shard]:
     for i, (a, b) in enumerate(zip(de_starts, en_starts)):
       n = min(LINES_PER_SHARD, de_lines - i * LINES_PER_SHARD)
       shards.append(("text", files[de], a, files[en], b, n))
-  size = lambda *paths: [(os.path.basename(p), os.path.getsize(p)) for p in paths]
-  out = [Shard("train", i, len(shards), s, s[-1], key=(s[2], s[4], s[5], size(s[1], s[3])))
+  out = [Shard("train", i, len(shards), s, s[-1],
+               key=(s[2], s[4], s[5], archives.sizes((s[1], s[3]))))
          for i, s in enumerate(shards)]
   de, en = files[VALIDATION[0]], files[VALIDATION[1]]
   out.append(Shard("validation", 0, 1, ("text", de, 0, en, 0, 1 << 62), PUBLISHED["validation"],
-                   key=size(de, en)))
+                   key=archives.sizes((de, en))))
   de, en = files[TEST[0]], files[TEST[1]]
-  out.append(Shard("test", 0, 1, ("sgm", de, en), PUBLISHED["test"], key=size(de, en)))
+  out.append(Shard("test", 0, 1, ("sgm", de, en), PUBLISHED["test"],
+                   key=archives.sizes((de, en))))
   return out
 
 
