@@ -37,10 +37,14 @@ class Update:
   """How the optimizer applies the summed gradients. This default: every replica updates every
   parameter, with the whole optimizer state (replicated over the data-parallel axes).
 
-  `view` maps the parameters to what the optimizer sees (its state has that shape), `reduce`
-  sums replicas' gradients inside the data-parallel shard_map (`out_spec` is its output's
-  PartitionSpec there), `apply` returns the new parameters and optimizer state. `ctx` is the
-  step builder's `StepContext` (sharder, plan, parameter shardings)."""
+  `view` maps the parameters to what the optimizer sees (its state has that shape);
+  `view_shardings` are its shardings, and the state's parameters are kept in them.
+  Inside the data-parallel shard_map (explicit reductions), `block_spec` is the
+  PartitionSpec over the data-parallel axes of the parameters coming in and of the summed
+  gradients going out, `forward` turns the parameters into what the forward reads (given
+  `reads()`: per leaf, the narrower dtype the loss only reads it in, or None; `mesh.casts`),
+  and `reduce` sums the replicas' gradients; `apply` returns the new parameters and optimizer
+  state. `ctx` is the step builder's `StepContext` (sharder, plan, parameter shardings)."""
 
   def view(self, params, ctx):
     del ctx
@@ -50,14 +54,18 @@ class Update:
     del view_shapes
     return ctx.param_shardings
 
-  def reduce(self, grads, ctx):
-    from mesh import collectives as coll
-    return coll.unflatten(ctx.plan.reduction.all_reduce(coll.flatten(grads)), grads)
-
-  def out_spec(self, ctx):
+  def block_spec(self, ctx):
     del ctx
     from jax.sharding import PartitionSpec
     return PartitionSpec()
+
+  def forward(self, params, ctx, reads):
+    del ctx, reads
+    return params
+
+  def reduce(self, grads, ctx):
+    from mesh import collectives as coll
+    return coll.unflatten(ctx.plan.reduction.all_reduce(coll.flatten(grads)), grads)
 
   def apply(self, tx, grads, opt_state, params, ctx):
     import optax

@@ -1,8 +1,8 @@
 """Weight-update sharding (Xu et al., arXiv 2004.13336): gradients are reduce-scattered over the
 data-parallel axes, each replica applies the optimizer to its 1/N of every parameter and of the
-optimizer state, and the updated parameters are all-gathered. Exact for LARS and Adam: the
-per-tensor norms are computed over the sharded tensors by the compiler (a small all-reduce of
-partial sums), not over one replica's slice.
+optimizer state, and the updated blocks are all-gathered for the next forward. Exact for LARS
+and Adam: the per-tensor norms are computed over the sharded tensors by the compiler (a small
+all-reduce of partial sums), not over one replica's slice.
 
 Each parameter is split in its own shape: each phase of the gradient sum (one, or two under
 grad_sum_2d) splits one of its dimensions over that phase's mesh axes (`split_dims`), so the
@@ -21,15 +21,17 @@ each). A parameter no phase can split (a 1000-class bias on 64 replicas, ResNet'
 first convolution) is updated whole on every replica, its gradient all-reduced with the other
 such small ones in one bucket.
 
-The new weights are all-gathered in their own dtype (float32 under --dtype=bfloat16) because
-the gathered copy is the state's `params`, which are also every replica's float32 master
-weights (each replica's next update starts from its block of them), the eval's and the
-checkpoint's weights: a bfloat16 gather would round them. Gathering in bfloat16 is exact only
-for tensors the model reads solely through a cast to bfloat16 (the Transformer's attention and
-feed-forward kernels; not its embedding, looked up in float32, nor layer norms) and only if
-the float32 master blocks live in the state separately from the forward's gathered copy, a
-change of the state's layout in `benchmarks.loop.step`. (XLA's CPU backend turns bfloat16
-all-gathers into float32 ones, so on CPU devices only the lowered program would show it.)"""
+The state keeps each replica's blocks (its parameters' sharding is `view_shardings`: the
+model's layout plus the data-parallel axes on the split dimensions), so the update moves no
+data; the next step's forward all-gathers them (`forward`). A parameter the loss reads only
+through one cast to a narrower dtype (the Transformer's attention and feed-forward kernels
+under --dtype=bfloat16: float32 weights cast at their one use) is cast before it is gathered,
+half the bytes, and its gradient, the cast's own cotangent, is widened to float32 before it
+is summed: the same values, bit for bit, as gathering the float32 weights (`mesh.casts` says
+why; a test compares the two). The float32 master blocks never leave the state, and the eval
+and the checkpoints read the state's parameters as the whole arrays they are. (XLA's CPU
+backend turns bfloat16 all-gathers into float32 ones, so on CPU devices only the traced and
+lowered programs show the narrower gathers.)"""
 
 import dataclasses
 import itertools
@@ -100,7 +102,7 @@ def _entries(ndim: int, dims, phases) -> list:
 
 
 class ShardedUpdate(Update):
-  """Each replica updates its block of every parameter, then all-gathers the blocks."""
+  """Each replica keeps and updates its block of every parameter; the forward gathers them."""
 
   def view_shardings(self, view_shapes, ctx):
     treedef, dims = _layout(ctx)
@@ -125,28 +127,30 @@ class ShardedUpdate(Update):
     return treedef.unflatten([next(summed) if dd is None else reduction.reduce_scatter(g, dd)
                               for g, dd in zip(leaves, dims)])
 
-  def out_spec(self, ctx):
+  def block_spec(self, ctx):
     treedef, dims = _layout(ctx)
     phases = ctx.plan.reduction.phases
     return treedef.unflatten([PartitionSpec(*_entries(len(x.shape), dd, phases)) for x, dd in
                               zip(jax.tree.leaves(ctx.param_shapes), dims)])
 
-  def apply(self, tx, grads, opt_state, params, ctx):
+  def forward(self, params, ctx, reads):
+    """Each replica's blocks all-gathered, in the dtype the loss only reads them in where
+    there is one (`mesh.casts`): the cast comes before the gather, not after."""
     reduction = ctx.plan.reduction
     treedef, dims = _layout(ctx)
-    view = jax.tree.map(jax.lax.with_sharding_constraint, params,
-                        self.view_shardings(params, ctx))          # own block: no copy
-    updates, opt_state = tx.update(grads, opt_state, view)
-    new = optax.apply_updates(view, updates)
+    leaves = treedef.flatten_up_to(params)
+    as_read = reads() if any(dd is not None for dd in dims) else [None] * len(leaves)
+    return treedef.unflatten([
+        x if dd is None else reduction.all_gather(x if dt is None else x.astype(dt), dd)
+        for x, dd, dt in zip(leaves, dims, as_read)])
 
-    def gather(tree):   # each split parameter's blocks, phases in reverse
-      return treedef.unflatten([x if dd is None else reduction.all_gather(x, dd)
-                                for x, dd in zip(treedef.flatten_up_to(tree), dims)])
-    gathered = jax.shard_map(gather, mesh=ctx.sharder.mesh, in_specs=(self.out_spec(ctx),),
-                             out_specs=PartitionSpec(), axis_names=set(ctx.plan.batch_axes),
-                             check_vma=False)(new)
-    params = jax.tree.map(jax.lax.with_sharding_constraint, gathered, ctx.param_shardings)
-    return params, opt_state
+  def apply(self, tx, grads, opt_state, params, ctx):
+    """The state's parameters are already each replica's blocks (`view_shardings`): the update
+    moves no data, and the next step's `forward` gathers them."""
+    updates, opt_state = tx.update(grads, opt_state, params)
+    new = optax.apply_updates(params, updates)
+    return jax.tree.map(jax.lax.with_sharding_constraint, new,
+                        self.view_shardings(params, ctx)), opt_state
 
 
 def apply(plan: Plan, mesh, arg=None) -> Plan:

@@ -2,14 +2,21 @@
 sharding (Adam), matches an independent single-device run (plain jax, no mesh) in float64, to
 float64 rounding: losses to 1e-12, parameters to 1e-9 (Adam with the MLPerf epsilon 1e-9)."""
 
+import collections
 import dataclasses
 import itertools
+import re
 
 import jax
+import numpy as np
 import pytest
+from flax import linen as nn
 
+from benchmarks.loop import step as step_lib
 from benchmarks.transformer import suite
 from benchmarks.transformer.config import LAYOUTS, PRESETS
+from mesh.sharding import names_of
+from optimizations import weight_update_sharding
 from tests import helpers
 
 pytestmark = pytest.mark.slow   # minutes: `./run.sh test --quick` leaves this file out
@@ -70,3 +77,48 @@ def test_weight_update_sharding_with_adam_is_exact(x64):
     losses, params, program, _ = helpers.sharded_run(task, shd, cfg.seed, batches, plan)
   assert type(program.plan.update).__name__ == "ShardedUpdate"
   _compare(losses, params, base_losses, base_params)
+
+
+class _GatherInMasterDtype(weight_update_sharding.ShardedUpdate):
+  """Weight-update sharding as it was: every block gathered in float32."""
+
+  def forward(self, params, ctx, reads):
+    return super().forward(params, ctx, lambda: [None] * len(jax.tree.leaves(params)))
+
+
+def test_weight_update_sharding_gathers_bfloat16_copies_and_changes_no_value(tmp_path):
+  """Under --dtype=bfloat16 the projections' and feed-forward's float32 blocks are cast before
+  they are gathered (`mesh.casts`): half the bytes, and the same losses and parameters, bit for
+  bit, as gathering the float32 blocks. The embedding (looked up in float32) and the layer
+  norms are gathered in float32."""
+  cfg = dataclasses.replace(
+      PRESETS["cpu"], dtype="bfloat16", num_layers=1, d_model=32, d_ff=64, num_heads=8, d_kv=4,
+      vocab_size=128, tokenizer=str(tmp_path / "spm.model"), grammar_train_examples=400,
+      grammar_eval_examples=16, max_sequence_length=40, truncation="truncate", packing=True,
+      global_batch_size=16, eval_batch_size=16, max_eval_length=24, max_decode_length=6,
+      beam_size=2, dropout=0.0, attention_dropout=0.0, warmup_steps=2, base_learning_rate=0.5)
+  task = suite.build(cfg, replicas=8)
+  batches = list(itertools.islice(task.data.train(0), 2))
+  shd, plan = helpers.planned("data:8", "batch:data", "weight_update_sharding")
+  runs = {}
+  for name, update in (("bf16", plan.update), ("f32", _GatherInMasterDtype())):
+    p = dataclasses.replace(plan, update=update)
+    runs[name] = helpers.sharded_run(task, shd, cfg.seed, batches, p)
+  losses, params, program, state = runs["bf16"]
+  assert np.isfinite(losses).all() and losses[1] != losses[0]
+  np.testing.assert_array_equal(losses, runs["f32"][0])
+  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(runs["f32"][1])):
+    np.testing.assert_array_equal(a, b)
+  # The state keeps each replica's float32 block; the gathers of the traced step, by dtype.
+  assert jax.tree.leaves(params)[0].dtype == np.float32
+  assert tuple(program.state_shardings["params"]["encoder_0"]["FeedForward_0"]["wi"].spec) == \
+      ("data", None)
+  boxed = jax.eval_shape(task.init, jax.random.PRNGKey(0))
+  ctx = step_lib.StepContext(shd, plan, shd.tree(names_of(boxed), nn.meta.unbox(boxed))["params"],
+                             nn.meta.unbox(boxed)["params"])
+  batch = step_lib.global_batch(batches[0], program.batch_shardings)
+  text = str(jax.make_jaxpr(step_lib.train_step_fn(task, ctx))(program.state_shapes, batch))
+  gathered = collections.Counter(re.findall(r":(\w+)\[[\d,]*\] = all_gather\[", text))
+  # 4 projections x 3 attentions (encoder self, decoder self and cross) + 2 x 2 feed-forward
+  assert gathered["bf16"] == 16, gathered
+  assert gathered["f32"] >= 1, gathered                   # the embedding at least

@@ -22,7 +22,7 @@ from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
 import optimizations
 from benchmarks.task import Task
-from mesh import cost
+from mesh import casts, cost
 from mesh.errors import UserError
 from mesh.sharding import Sharder, follow_params, manual, names_of, spec_entry, use
 from mesh.spec import MeshSpec
@@ -76,13 +76,24 @@ def _means(total, weight, metrics: dict):
   return total / weight, {**{k: v / weight for k, v in metrics.items()}, "weight": weight}
 
 
+def _in_master_dtypes(grad_fn, param_shapes):
+  """`grad_fn` whose gradients are in the parameters' own dtypes: a parameter the forward got
+  already cast (`Update.forward`) has its gradient in the narrower dtype, the same values the
+  cast's transpose would widen (`mesh.casts`); widened here, before any gradients are summed
+  (accumulation, the replicas' reduction)."""
+  def wrapped(*args):
+    out, grads = grad_fn(*args)
+    return out, jax.tree.map(lambda g, p: g.astype(p.dtype), grads, param_shapes)
+  return wrapped
+
+
 def train_step_fn(task: Task, ctx: StepContext):
   """The training step (state, batch) -> (state, metrics) as the plan composes it:
   gradients of the loss sum (through the plan's gradient wrappers, e.g. accumulation), summed
   over replicas (GSPMD, or the plan's explicit reduction inside a data-parallel shard_map),
   divided by the total weight, then applied by the plan's update rule."""
   plan, tx = ctx.plan, task.optimizer
-  grad_fn = jax.value_and_grad(task.loss, has_aux=True)
+  grad_fn = _in_master_dtypes(jax.value_and_grad(task.loss, has_aux=True), ctx.param_shapes)
   for wrap in plan.gradient_wrappers:
     grad_fn = wrap(grad_fn)
   axes = plan.batch_axes
@@ -97,6 +108,12 @@ def train_step_fn(task: Task, ctx: StepContext):
     """Local gradients on each replica's rows, summed by the plan's explicit collectives."""
     def local(params, model_state, batch, rng):
       rng = jax.random.fold_in(rng, jax.lax.axis_index(axes))   # own dropout masks per replica
+
+      def reads():   # the dtype the loss reads each parameter in (`mesh.casts`)
+        with manual(axes):
+          return casts.read_dtypes(lambda p: task.loss(p, model_state, batch, rng),
+                                   ctx.param_shapes)
+      params = plan.update.forward(params, ctx, reads)
       with manual(axes):
         (total, aux), grads = grad_fn(params, model_state, batch, rng)
       total, weight, metrics = jax.lax.psum((total, aux.weight, aux.metrics), axes)
@@ -106,10 +123,10 @@ def train_step_fn(task: Task, ctx: StepContext):
       return loss, model_state, metrics, grads
 
     batch_specs = {k: batch_spec for k in batch}
+    blocks = plan.update.block_spec(ctx)
     return jax.shard_map(local, mesh=ctx.sharder.mesh,
-                         in_specs=(PartitionSpec(), PartitionSpec(), batch_specs, PartitionSpec()),
-                         out_specs=(PartitionSpec(), PartitionSpec(), PartitionSpec(),
-                                    plan.update.out_spec(ctx)),
+                         in_specs=(blocks, PartitionSpec(), batch_specs, PartitionSpec()),
+                         out_specs=(PartitionSpec(), PartitionSpec(), PartitionSpec(), blocks),
                          axis_names=set(axes), check_vma=False)(params, model_state, batch, rng)
 
   grads_of = gspmd_grads if plan.reduction is None else explicit_grads
@@ -181,7 +198,7 @@ def compile_steps(task: Task, sharder: Sharder, seed: int, train_example: dict,
   opt_shardings = follow_params(opt_shapes, view_shapes,
                                 plan.update.view_shardings(view_shapes, ctx), repl)
   state_shardings = {
-      "step": repl, "rng": repl, "params": param_shardings,
+      "step": repl, "rng": repl, "params": plan.update.view_shardings(param_shapes, ctx),
       "model_state": {k: v for k, v in var_shardings.items() if k != "params"},
       "opt_state": opt_shardings}
 
