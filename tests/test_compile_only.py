@@ -103,6 +103,12 @@ def test_prediction_is_steps_times_step_plus_evaluations(resnet_v3):
   want = (p["train_steps"] * resnet_v3["train"]["model"]["step_s"]
           + blocks * d["eval_steps"] * resnet_v3["eval"]["model"]["step_s"]) / 60
   assert p["minutes"] == pytest.approx(want, rel=1e-12)
+  # MFU: the analytic model FLOPs of a step over 8 v3 cores at 61.5 TFLOP/s each (123 per chip)
+  from benchmarks.resnet import suite
+  flops = suite.build(cfg, replicas=8).flops_per_example * cfg.global_batch_size
+  assert p["model_flops_per_step"] == pytest.approx(flops)
+  assert p["mfu"] == pytest.approx(flops / 8 / p["step_s"] / 61.5e12)
+  assert 0 < p["mfu"] < 1
 
 
 def _run(*args, cwd=ROOT):

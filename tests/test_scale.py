@@ -156,7 +156,8 @@ def _stand_in(step_ms: float, eval_step_ms: float, eval_steps: int = 4):
     raw = {"benchmark": point.benchmark, "mlperf_benchmark": point.benchmark,
            "topology_name": point.topology, "devices": 1, "device_kind": "TPU v3",
            "mesh": {}, "layout": "", "optimizations": [], "plan": {}, "compile_s": 1.0,
-           "dataset": {"steps_per_epoch": 10, "eval_steps": eval_steps}, "refused": None}
+           "dataset": {"steps_per_epoch": 10, "eval_steps": eval_steps}, "refused": None,
+           "model_flops_per_example": 1e9}
     steps = {"train": _program(0.0, dev["hbm_bytes_per_s"] * step_ms / 1e3),
              "eval": _program(0.0, dev["hbm_bytes_per_s"] * eval_step_ms / 1e3)}
     return raw, steps
@@ -176,6 +177,10 @@ def test_prediction_adds_the_runs_steps_evaluations_and_host_terms(tmp_path):
   assert got["minutes_ratio"] == pytest.approx(want_s / 60 / p.published_minutes)
   assert got["step_ratio"] == pytest.approx(1e3 * step / p.measured_step_ms)
   assert got["modelled_eval_s"] == pytest.approx(4 * eval_step) and not got["fitted"]
+  # MFU of 1 GFLOP per example on one v3 core (61.5 TFLOP/s), at each step time
+  flops = 1e9 * p.overrides["global_batch_size"]
+  assert got["modelled_mfu"] == pytest.approx(flops / step / 61.5e12)
+  assert got["measured_mfu"] == pytest.approx(flops / (p.measured_step_ms / 1e3) / 61.5e12)
 
 
 def test_the_verb_writes_table_json_plot_and_errors(tmp_path):
@@ -190,7 +195,7 @@ def test_the_verb_writes_table_json_plot_and_errors(tmp_path):
                    ("transformer-64", 512, "x:16,y:8", "v3:8x8", True, cache, False)]
   text = "\n".join(said)
   table = [ln for ln in text.splitlines() if ln.startswith("| ")]
-  published = [ln.split("|")[7].strip() for ln in table[1:]]
+  published = [ln.split("|")[9].strip() for ln in table[1:]]
   assert published == ["10.20", "3.85"], table
   held = [ln for ln in text.splitlines() if "MAPE over the 2 held-out points" in ln]
   ratios = [_modelled_ms(50.0) / p.measured_step_ms for p in chosen]

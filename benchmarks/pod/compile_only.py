@@ -95,7 +95,7 @@ def compile_facts(benchmark: str, cfg, topology_name: str | None, *, with_eval: 
     seen.update(sharder=sharder, plan=plan)
 
   def started(sharder, plan, task):     # the clock times the compilation alone
-    seen.update(data=task.data, t0=time.time())
+    seen.update(data=task.data, flops=task.flops_per_example, t0=time.time())
 
   train = evals = refused = None
   try:
@@ -124,6 +124,7 @@ def compile_facts(benchmark: str, cfg, topology_name: str | None, *, with_eval: 
                   "num_train": data.num_train, "num_eval": data.num_eval,
                   "steps_per_epoch": data.steps_per_epoch, "eval_steps": data.eval_steps},
       "compile_s": time.time() - seen["t0"],
+      "model_flops_per_example": seen["flops"],
       "train": train, "eval": evals, "refused": refused,
   }
 
@@ -172,6 +173,8 @@ def summarize(raw: dict[str, Any], cfg, overlap: str = "schedule",
     spec = registry.BENCHMARKS[raw["benchmark"]].spec
     prediction = _prediction(cfg, timeline(cfg, spec, raw["dataset"]["steps_per_epoch"]),
                              raw["dataset"]["eval_steps"], train, evals)
+    if prediction is not None:
+      prediction.update(utilization(raw, cfg.global_batch_size, prediction["step_s"], device))
   summary = {
       "benchmark": raw["benchmark"],
       "mlperf_benchmark": raw["mlperf_benchmark"],
@@ -242,6 +245,21 @@ def _prediction(cfg, blocks, eval_steps: int, train, evals) -> dict[str, Any] | 
           "minutes": (train_s + eval_s) / 60,
           "assumption": "the run lasts --max_epochs (set it to the epochs a run converges in) "
                         "and evaluates at the preset's cadence; host input and init not timed"}
+
+
+def utilization(raw: dict[str, Any], global_batch: int, step_s: float | None,
+                device: dict[str, float] | None) -> dict[str, Any]:
+  """Model FLOPs utilization of a train step of `step_s` seconds: the benchmark's analytic model
+  FLOPs of a step (`Task.flops_per_example` x the global batch: 3 x the forward's matmuls, the
+  same count as a run's `throughput`) over the slice's devices' bf16 peak (`mesh.hardware`,
+  each figure cited there). Empty where the benchmark counts no model FLOPs or the slice has
+  no peak."""
+  per_example = raw.get("model_flops_per_example")
+  if not per_example or not device or not step_s:
+    return {}
+  per_step = per_example * global_batch
+  return {"model_flops_per_step": per_step,
+          "mfu": per_step / raw["devices"] / step_s / device["peak_flops"]}
 
 
 def refuse(summary: dict[str, Any]) -> None:
@@ -321,6 +339,11 @@ def report(summary: dict[str, Any]) -> str:
                  f"{_ms(p['step_s'])} + {p['evaluations']} evaluations x {p['eval_steps']} "
                  f"steps x {_ms(p['eval_step_s'])} = {p['minutes']:.3g} minutes from run_start "
                  f"to run_stop")
+    if "mfu" in p:
+      lines.append(f"model FLOPs utilization {p['mfu']:.1%} at the modelled step "
+                   f"({_si(p['model_flops_per_step'], 'FLOP')} per step, analytic, over "
+                   f"{summary['topology']['devices']} devices at "
+                   f"{_si(summary['topology']['peak_flops_per_device'], 'FLOP/s')} each)")
   return "\n".join(lines)
 
 

@@ -15,12 +15,14 @@ predicts the run:
              + final_scoring_s) / 60
 
 with the host terms the point declares (`host`: time on the host inside the timed run that no
-device program shows). It prints, per point, the measured and modelled train step and the
-published and modelled minutes with their ratios, and the mean absolute percentage error (MAPE)
-of both over the points the model's constants were fitted on and over the held-out ones; it
-writes `<output_dir>/scale_<benchmark>.json` (per point: `modelled_step_ms`,
-`measured_step_ms`, `modelled_minutes`, `published_minutes`, their ratios, the model's terms
-and the full compile summary) and a PNG (`--plot`): modelled against measured steps, and the
+device program shows). It prints, per point, the measured and modelled train step with their
+ratio and model FLOPs utilization (the benchmark's analytic FLOPs of the point's batch over the
+slice's bf16 peak, at each step time), the published and modelled minutes with their ratio,
+and the mean absolute percentage error (MAPE) of both over the points the model's constants
+were fitted on and over the held-out ones; it writes `<output_dir>/scale_<benchmark>.json` (per
+point: `modelled_step_ms`, `measured_step_ms`, `modelled_mfu`, `measured_mfu`,
+`modelled_minutes`, `published_minutes`, their ratios, the model's terms and the full compile
+summary) and a PNG (`--plot`): modelled against measured steps, and the
 minutes per slice.
 
 `--fit` fits the model's constants for each TPU generation (`hardware.Calibration`: the
@@ -135,6 +137,7 @@ def predict(point: Point, summary: dict, fitted: bool = False) -> dict[str, Any]
   minutes = sum(terms.values()) / 60
   measured = point.measured_step_ms
   published = point.published_minutes
+  mfu = (summary.get("prediction") or {}).get("mfu")
   eval_s = eval_steps * eval_step_s
   measured_eval = point.measured.get("eval_on_device_s")
   return {
@@ -152,6 +155,9 @@ def predict(point: Point, summary: dict, fitted: bool = False) -> dict[str, Any]
                                            "exposed_collective_s", "compiler_estimate_s")},
       "bounds_ms": {k: v * 1e3 for k, v in train["bounds"].items()},
       "calibration": train["calibration"], "fits": summary.get("fits"),
+      # The same model FLOPs at Google's measured step (`compile_only.utilization`).
+      "modelled_mfu": mfu,
+      "measured_mfu": mfu * step_s * 1e3 / measured if mfu and measured else None,
   }
 
 
@@ -235,11 +241,15 @@ def run(chosen: list[Point], output_dir: str, plot_path: str | None, cache_dir: 
 # --- output -------------------------------------------------------------------------------------
 
 HEAD = ("point", "topology", "batch", "measured step ms", "modelled step ms", "ratio",
-        "published min", "modelled min", "ratio", "fitted")
+        "measured MFU", "modelled MFU", "published min", "modelled min", "ratio", "fitted")
 
 
 def _ratio(x) -> str:
   return "" if x is None else f"{x:.2f}"
+
+
+def _percent(x) -> str:
+  return "" if x is None else f"{x:.1%}"
 
 
 def _cells(row: dict) -> tuple[str, ...]:
@@ -249,6 +259,7 @@ def _cells(row: dict) -> tuple[str, ...]:
   return (point["name"], point["topology"], str(batch),
           "" if p["measured_step_ms"] is None else f"{p['measured_step_ms']:.1f}",
           f"{p['modelled_step_ms']:.1f}{fit}", _ratio(p["step_ratio"]),
+          _percent(p.get("measured_mfu")), _percent(p.get("modelled_mfu")),
           "" if p["published_minutes"] is None else f"{p['published_minutes']:.2f}",
           f"{p['modelled_minutes']:.2f}", _ratio(p["minutes_ratio"]),
           "fitted" if p["fitted"] else "held out")
