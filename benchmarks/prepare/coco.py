@@ -14,16 +14,14 @@ place last, so a folder whose copying stopped has none and no run accepts it. A 
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
-import multiprocessing
 import os
-import signal
 import sys
 import zipfile
 import zlib
 from typing import Callable
 
+from benchmarks.prepare import workers as worker_pool
 from mesh.errors import UserError
 
 ZIPS = {"train2017": "train2017.zip", "val2017": "val2017.zip"}
@@ -47,10 +45,6 @@ def _images(z: zipfile.ZipFile, folder: str) -> list[zipfile.ZipInfo]:
 
 
 _ZIP: dict[str, zipfile.ZipFile] = {}
-
-
-def _init_worker() -> None:
-  signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl-C is the main process's to handle
 
 
 def _copy(task: tuple[str, str, int, str]) -> tuple[int, str | None]:
@@ -131,21 +125,16 @@ def prepare(src: str, data_dir: str, workers: int, subset: bool,
     say(f"prepare: {total - len(tasks):,} of {total:,} images already copied; copying the rest")
   bar = tqdm(total=total, initial=total - len(tasks), unit=" images", unit_scale=True,
              desc="coco", file=sys.stderr, dynamic_ncols=True, mininterval=1.0)
-  errors = []
+  errors: list[str] = []
   try:
-    with concurrent.futures.ProcessPoolExecutor(
-        max(1, workers), mp_context=multiprocessing.get_context("spawn"),
-        initializer=_init_worker) as pool:
-      for size, error in pool.map(_copy, tasks, chunksize=64):
-        if error:
-          errors.append(error)
-        bar.update(1)
-  except concurrent.futures.process.BrokenProcessPool:
-    errors.insert(0, f"a worker process died (out of memory with --workers={workers}?)")
+    for size, error in worker_pool.results(_copy, tasks, workers, errors, chunksize=64):
+      if error:
+        errors.append(error)
+      bar.update(1)
   finally:
     bar.close()
   if errors:
-    raise UserError(f"{errors[0]}{f' (and {len(errors) - 1} more)' if len(errors) > 1 else ''}; "
+    raise UserError(f"{worker_pool.first(errors)}; "
                     f"the images copied are kept in {data_dir}: download the zip again and run "
                     f"the same command, which continues")
   for s, path in zip(ZIPS, done_json):

@@ -18,18 +18,16 @@ What `tfds.data_source` reads and `benchmarks.data.open_tfds` accepts, without T
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import hashlib
 import importlib
 import json
-import multiprocessing
 import os
-import signal
 import sys
 import time
 from typing import Any, Callable
 
+from benchmarks.prepare import workers as worker_pool
 from mesh.errors import UserError
 
 WORK = ".meshperf-prepare"
@@ -88,7 +86,6 @@ _WORKER: dict[str, Any] = {}
 
 
 def _init_worker(name: str, data_dir: str, module: str) -> None:
-  signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl-C is the main process's to handle
   _WORKER["features"] = builder(name, data_dir).info.features
   _WORKER["examples"] = importlib.import_module(module).examples
 
@@ -177,32 +174,25 @@ def write_tfds(name: str, data_dir: str, shards: list[Shard], module: str,
         f"writing the other {len(pending)}")
   bar = _progress(total, rel.split(os.sep)[0])
   bar.update(sum(d["examples"] for d in done.values()))
-  errors = []
+  errors: list[str] = []
   workers = max(1, min(workers, len(pending) or 1))
   t = time.monotonic()
   try:
-    # spawn: jax-free workers, no forked threads; a worker that dies (out of memory) breaks
-    # the pool, which ends the run instead of waiting for it forever.
-    with concurrent.futures.ProcessPoolExecutor(
-        workers, mp_context=multiprocessing.get_context("spawn"), initializer=_init_worker,
-        initargs=(name, data_dir, module)) as pool:
-      futures = [pool.submit(_write_shard, (s, paths[(s.split, s.index)])) for s in pending]
-      for future in concurrent.futures.as_completed(futures):
-        shard, n, nbytes, notes, error = future.result()
-        if error:
-          errors.append(error)
-          continue
-        done[(shard.split, shard.index)] = {"examples": n, "bytes": nbytes, "notes": notes}
-        bar.update(n)
-  except concurrent.futures.process.BrokenProcessPool:
-    errors.insert(0, f"a worker process died (out of memory with --workers={workers}?)")
+    tasks = [(s, paths[(s.split, s.index)]) for s in pending]
+    for shard, n, nbytes, notes, error in worker_pool.results(
+        _write_shard, tasks, workers, errors, initializer=_init_worker,
+        initargs=(name, data_dir, module)):
+      if error:
+        errors.append(error)
+        continue
+      done[(shard.split, shard.index)] = {"examples": n, "bytes": nbytes, "notes": notes}
+      bar.update(n)
   finally:
     bar.close()
   if errors:
-    more = f" (and {len(errors) - 1} more shards)" if len(errors) > 1 else ""
-    raise UserError(f"{errors[0]}{more}; the {len(done)} shards written are kept in {work}: "
-                    f"mend what is said (or lower --workers) and run the same command again: it "
-                    f"continues")
+    raise UserError(f"{worker_pool.first(errors, ' shards')}; the {len(done)} shards written are "
+                    f"kept in {work}: mend what is said (or lower --workers) and run the same "
+                    f"command again: it continues")
   counts = {split: sum(d["examples"] for (sp, _), d in done.items() if sp == split)
             for split in splits}
   notes: dict[str, int] = {}
