@@ -79,6 +79,16 @@ def test_weight_update_sharding_with_adam_is_exact(x64):
   _compare(losses, params, base_losses, base_params)
 
 
+def _bf16_task(tmp):
+  cfg = dataclasses.replace(
+      PRESETS["cpu"], dtype="bfloat16", num_layers=1, d_model=32, d_ff=64, num_heads=8, d_kv=4,
+      vocab_size=128, tokenizer=str(tmp / "spm.model"), grammar_train_examples=400,
+      grammar_eval_examples=16, max_sequence_length=40, truncation="truncate", packing=True,
+      global_batch_size=16, eval_batch_size=16, max_eval_length=24, max_decode_length=6,
+      beam_size=2, dropout=0.0, attention_dropout=0.0, warmup_steps=2, base_learning_rate=0.5)
+  return cfg, suite.build(cfg, replicas=8)
+
+
 class _GatherInMasterDtype(weight_update_sharding.ShardedUpdate):
   """Weight-update sharding as it was: every block gathered in float32."""
 
@@ -91,13 +101,7 @@ def test_weight_update_sharding_gathers_bfloat16_copies_and_changes_no_value(tmp
   they are gathered (`mesh.casts`): half the bytes, and the same losses and parameters, bit for
   bit, as gathering the float32 blocks. The embedding (looked up in float32) and the layer
   norms are gathered in float32."""
-  cfg = dataclasses.replace(
-      PRESETS["cpu"], dtype="bfloat16", num_layers=1, d_model=32, d_ff=64, num_heads=8, d_kv=4,
-      vocab_size=128, tokenizer=str(tmp_path / "spm.model"), grammar_train_examples=400,
-      grammar_eval_examples=16, max_sequence_length=40, truncation="truncate", packing=True,
-      global_batch_size=16, eval_batch_size=16, max_eval_length=24, max_decode_length=6,
-      beam_size=2, dropout=0.0, attention_dropout=0.0, warmup_steps=2, base_learning_rate=0.5)
-  task = suite.build(cfg, replicas=8)
+  cfg, task = _bf16_task(tmp_path)
   batches = list(itertools.islice(task.data.train(0), 2))
   shd, plan = helpers.planned("data:8", "batch:data", "weight_update_sharding")
   runs = {}
@@ -122,3 +126,19 @@ def test_weight_update_sharding_gathers_bfloat16_copies_and_changes_no_value(tmp
   # 4 projections x 3 attentions (encoder self, decoder self and cross) + 2 x 2 feed-forward
   assert gathered["bf16"] == 16, gathered
   assert gathered["f32"] >= 1, gathered                   # the embedding at least
+
+
+def test_distributed_eval_gathers_the_sharded_weights_once_not_per_decoding_step(tmp_path):
+  """Under weight-update sharding the state holds each replica's blocks; the distributed eval
+  lays them out once at its start, so no all-gather sits inside the beam search's loop (before
+  this, on a v3 pod, the preset's eval gathered every weight at each of its 147 decoding
+  steps)."""
+  _, task = _bf16_task(tmp_path)
+  shd, plan = helpers.planned("data:8", "batch:data", "weight_update_sharding,distributed_eval")
+  program, _ = step_lib.compile_steps(task, shd, 0, *task.data.example_batches(), 1, plan)
+  gathers = {c.split("\n", 1)[0].split(" (")[0]: len(re.findall(r" all-gather(-start)?\(", c))
+             for c in re.split(r"\n(?=\S)", program.eval.as_text())}
+  entry = [n for n in gathers if n.startswith("ENTRY")]
+  assert len(entry) == 1 and gathers[entry[0]] > 0, gathers        # the weights, once
+  assert sum(v for n, v in gathers.items() if n not in entry) == 0, gathers
+  assert "while" in program.eval.as_text()                         # the beam search's loop

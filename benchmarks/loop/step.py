@@ -3,9 +3,11 @@
 The state is sharded by dimension names. Gradients are summed either by GSPMD (an implicit
 all-reduce) or, when a plan asks for explicit collectives (2-D summation, weight-update
 sharding, accumulation), inside a `jax.shard_map` over the data-parallel axes: each replica
-computes its local gradients and the plan's update rule sums them with the plan's `Reduction`
-as one bucket. The builder composes the plan's parts (`optimizations.Plan`); it has no branch
-per optimization.
+computes its local gradients and the plan's update rule sums them with the plan's `Reduction`.
+The update rule also decides how the state holds the parameters (`Update.view_shardings`:
+weight-update sharding keeps each replica's blocks, which the forward gathers,
+`Update.forward`). The builder composes the plan's parts (`optimizations.Plan`); it has no
+branch per optimization.
 """
 
 from __future__ import annotations
@@ -224,7 +226,8 @@ def compile_steps(task: Task, sharder: Sharder, seed: int, train_example: dict,
             state_shapes, _shape_of(train_example, process_count, batch_shardings)).compile()
   eval_c = None
   if eval_example is not None:
-    eval_c, eval_device = _compile_eval(task, sharder, plan, state_shapes, batch_shardings,
+    eval_c, eval_device = _compile_eval(task, sharder, plan, state_shapes, param_shardings,
+                                        batch_shardings,
                                         PartitionSpec(spec_entry(plan.batch_axes)),
                                         eval_example, process_count, eval_device)
   compile_s = time.time() - t0
@@ -255,20 +258,28 @@ def place_warm_start(state, partial: dict):
   return {**state, **{k: put(state[k], v, k) for k, v in partial.items()}}
 
 
-def _compile_eval(task: Task, sharder: Sharder, plan: Plan, state_shapes, batch_shardings,
-                  batch_spec, eval_example: dict, process_count: int, eval_device=None):
+def _compile_eval(task: Task, sharder: Sharder, plan: Plan, state_shapes, param_shardings,
+                  batch_shardings, batch_spec, eval_example: dict, process_count: int,
+                  eval_device=None):
   """The compiled eval step and the device it runs on (None: distributed over the mesh)."""
   repl = sharder.replicated()
   if plan.distributed_eval:
     eval_device = None
+
+    def eval_stats(params, model_state, batch):
+      # The state may hold each replica's blocks of the parameters (weight-update sharding):
+      # laid out as the model's layout has them once, here, not inside the eval's loops (the
+      # Transformer's beam search gathered every weight at every decoding step).
+      params = jax.tree.map(jax.lax.with_sharding_constraint, params, param_shardings)
+      return task.eval_stats(params, model_state, batch)
     eval_args = (state_shapes["params"], state_shapes["model_state"],
                  _shape_of(eval_example, process_count, batch_shardings))
     out_sh = repl
     with use(sharder):   # also around eval_shape: jit reuses its trace, constraints included
       if task.host_stats is not None:   # per-example outputs stay split like the batch
         out_sh = jax.tree.map(lambda _: NamedSharding(sharder.mesh, batch_spec),
-                              jax.eval_shape(task.eval_stats, *eval_args))
-      eval_c = jax.jit(task.eval_stats, out_shardings=out_sh).lower(*eval_args).compile()
+                              jax.eval_shape(eval_stats, *eval_args))
+      eval_c = jax.jit(eval_stats, out_shardings=out_sh).lower(*eval_args).compile()
   else:
     eval_device = eval_device or jax.local_devices()[0]
     one = SingleDeviceSharding(eval_device)
