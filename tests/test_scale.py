@@ -98,6 +98,18 @@ def test_cache_key_changes_with_config_topology_and_compiler():
   assert key not in others and len(set(others)) == len(others)
 
 
+def test_compiler_flags_from_the_environment_are_part_of_the_key(monkeypatch):
+  for v in compile_cache.FLAG_VARIABLES:
+    monkeypatch.delenv(v, raising=False)
+  bare = compile_cache.versions()
+  assert "jax==" in bare and "LIBTPU_INIT_ARGS" not in bare and "XLA_FLAGS" not in bare
+  monkeypatch.setenv("LIBTPU_INIT_ARGS", "--xla_enable_async_all_gather=true")
+  flagged = compile_cache.versions()
+  assert flagged.startswith(bare) and "--xla_enable_async_all_gather=true" in flagged
+  monkeypatch.setenv("LIBTPU_INIT_ARGS", " ")
+  assert compile_cache.versions() == bare
+
+
 def test_cached_code_is_checked_file_by_file(tmp_path):
   for rel in ("mesh/a.py", "benchmarks/b.py", "benchmarks/other.py"):
     (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)

@@ -46,14 +46,22 @@ def compiled_from(rel: str) -> bool:
 VERSIONED = ("jax", "jaxlib", "libtpu")
 
 
+# The compiler's flags from the environment: a program compiled with LIBTPU_INIT_ARGS (libtpu's
+# own flags, e.g. its asynchronous collectives) is another program. Absent, they add nothing to
+# the key, so the keys of programs compiled without them stay as they were.
+FLAG_VARIABLES = ("XLA_FLAGS", "LIBTPU_INIT_ARGS")
+
+
 def versions() -> str:
-  """The compiler's versions (part of every cache key)."""
+  """The compiler's versions and the flags it reads from the environment (part of every cache
+  key)."""
   out = []
   for package in VERSIONED:
     try:
       out.append(f"{package}=={metadata.version(package)}")
     except metadata.PackageNotFoundError:
       out.append(f"{package} absent")
+  out += [f"{v}={os.environ[v]}" for v in FLAG_VARIABLES if os.environ.get(v, "").strip()]
   return ",".join(out)
 
 
