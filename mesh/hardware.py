@@ -105,7 +105,7 @@ GENERATIONS: dict[str, Generation] = {
         # `./run.sh scale all --fit --fit_on=resnet-16,resnet-1024` (2026-12-02). docs/pod.md
         # gives the held-out points and why SSD's and the Transformer's are not fitted.
         calibration=Calibration(
-            kernel_overhead_s=2.04e-6, hbm_efficiency=0.693, ici_latency_s=0.49e-6,
+            kernel_overhead_s=2.59e-6, hbm_efficiency=0.698, ici_latency_s=0.34e-6,
             fitted_on="resnet-16 and resnet-1024, Google's MLPerf v0.6 measured steps",
             points=("resnet-16", "resnet-1024"))),
     "v4": Generation(

@@ -226,3 +226,14 @@ def test_asynchronous_collectives_pair_their_halves_by_the_collective_they_run()
   assert seq[2]["kernel"]["bytes"] == 2 * 1024 * 1024 * 4
   names = {c.name for c in cost.collectives(ASYNC)}
   assert names == {"ars", "rs"}
+
+
+@pytest.mark.parametrize("shape,launches", [
+    ("u32[1]{0:T(256)S(6)}", False),            # a generator's counter in the scalar memory
+    ("(u32[1]{0:T(256)S(6)}, u32[1]{0:T(256)S(6)})", False),
+    ("s32[]", False),                           # a loop counter
+    ("u32[1,256,1024]{2,1,0:T(8,128)}", True),  # the same add on a tensor in HBM
+    ("f32[8,128]{1,0:T(8,128)S(1)}", True),     # vector memory: a kernel, its bytes not HBM's
+])
+def test_scalar_work_is_not_a_kernel(shape, launches):
+  assert kernels.is_kernel({"op": "add", "shape": shape}) is launches
