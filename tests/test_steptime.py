@@ -129,14 +129,19 @@ def test_model_roofline_and_overlap():
     steptime.model(analysis, V3, False, _grid(4), (4, 1), overlap="some")
 
 
-def test_compiled_tpu_program():
+def _tpu_devices(name: str):
+  """The compile-only devices of a TPU slice (libtpu), or the test is skipped."""
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
   try:
     from jax.experimental import topologies
-    devs = topologies.get_topology_desc(topology_name="v3:2x2", platform="tpu").devices
+    return topologies.get_topology_desc(topology_name=name, platform="tpu").devices
   except Exception as e:
     pytest.skip(f"jax.experimental.topologies gives no TPU devices here: {str(e)[:200]}")
+
+
+def test_compiled_tpu_program():
+  devs = _tpu_devices("v3:2x2")
   mesh = Mesh(np.array(devs).reshape(4, 2), ("x", "y"), axis_types=(AxisType.Auto,) * 2)
   spec = P("x", "y")
 
@@ -191,14 +196,10 @@ def test_mesh_axes_run_along_whole_torus_dimensions():
   and TensorCores (the rings of 2-D gradient summation), where jax's own layout strided the
   first axis over chips 8 and 2 apart; a mesh whose sizes allow no such layout (SSD's 4-core
   spatial axis), and a 1-D mesh, keep jax's."""
-  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-  os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
-  try:
-    from jax.experimental import mesh_utils, topologies
-    devs = topologies.get_topology_desc(topology_name="v3:32x32", platform="tpu").devices
-  except Exception as e:
-    pytest.skip(f"jax.experimental.topologies gives no TPU devices here: {str(e)[:200]}")
+  from jax.experimental import mesh_utils
+
   from mesh import devices as devices_lib
+  devs = _tpu_devices("v3:32x32")
   from mesh.spec import MeshSpec
   at = lambda grid: np.array([(d.coords[0], d.coords[1], d.core_on_chip)
                               for d in grid.flat]).reshape(grid.shape + (3,))
