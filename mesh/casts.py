@@ -32,10 +32,22 @@ def _body(eqn):
   return getattr(body, "jaxpr", body)
 
 
-def _read_as(jaxpr, var, dtype) -> Any:
+def _uses(jaxpr, cache: dict) -> dict[int, list]:
+  """id(var) -> [(equation, operand index)] of every use of a variable in `jaxpr`, once per
+  jaxpr (each parameter's lookup would otherwise scan every equation again)."""
+  if id(jaxpr) not in cache:
+    uses: dict[int, list] = {}
+    for e in jaxpr.eqns:
+      for i, v in enumerate(e.invars):
+        uses.setdefault(id(v), []).append((e, i))
+    cache[id(jaxpr)] = (jaxpr, uses)          # the jaxpr kept alive: its id stays its own
+  return cache[id(jaxpr)][1]
+
+
+def _read_as(jaxpr, var, dtype, cache: dict) -> Any:
   if any(v is var for v in jaxpr.outvars):
     return None
-  uses = [(e, i) for e in jaxpr.eqns for i, v in enumerate(e.invars) if v is var]
+  uses = _uses(jaxpr, cache).get(id(var), [])
   if len(uses) != 1:
     return None
   eqn, i = uses[0]
@@ -46,7 +58,7 @@ def _read_as(jaxpr, var, dtype) -> Any:
   body = _body(eqn)
   if body is None or len(body.invars) != len(eqn.invars):
     return None
-  return _read_as(body, body.invars[i], dtype)
+  return _read_as(body, body.invars[i], dtype, cache)
 
 
 def read_dtypes(fn: Callable[[Any], Any], tree: Any) -> list:
@@ -56,4 +68,5 @@ def read_dtypes(fn: Callable[[Any], Any], tree: Any) -> list:
   leaves = jax.tree.leaves(tree)
   invars = closed.jaxpr.invars
   assert len(invars) == len(leaves), (len(invars), len(leaves))
-  return [_read_as(closed.jaxpr, v, x.dtype) for v, x in zip(invars, leaves)]
+  cache: dict = {}
+  return [_read_as(closed.jaxpr, v, x.dtype, cache) for v, x in zip(invars, leaves)]
