@@ -9,6 +9,12 @@ one per tensor.
 A reduce-scatter of a tensor, each phase along one of its dimensions, leaves every replica the
 block a PartitionSpec naming the phases' axes on those dimensions places there: weight-update
 sharding updates each replica's block of every tensor in the parameters' own shapes.
+
+A `Reduction` with a `dtype` sums in that dtype: each replica's gradient is cast to it before
+the first collective and the sum is cast back after the last, so every phase moves those
+bytes (Google's MLPerf v0.6 Transformer, hparam `bfloat16_grads_all_reduce`:
+mlcommons/training_results_v0.6, Google/benchmarks/transformer/implementations/*/transformer/
+utils/optimize.py). All-gathers of parameters (`all_gather`) keep their own dtypes.
 """
 
 from __future__ import annotations
@@ -26,6 +32,10 @@ class Reduction:
   """Sum over the data-parallel axes in `phases` (each a tuple of mesh axes)."""
   phases: tuple[tuple[str, ...], ...]
   sizes: tuple[int, ...]   # number of devices in each phase
+  dtype: str | None = None  # the dtype the sums travel and add in; None: the gradients' own
+
+  def _narrow(self, x: jax.Array) -> jax.Array:
+    return x if self.dtype is None else x.astype(self.dtype)
 
   @property
   def axes(self) -> tuple[str, ...]:
@@ -36,18 +46,18 @@ class Reduction:
     return math.prod(self.sizes)
 
   def all_reduce(self, flat: jax.Array) -> jax.Array:
-    """Sum of a 1-D buffer over all replicas."""
+    """Sum of a 1-D buffer over all replicas (in `dtype`, returned in the buffer's own)."""
     if len(self.phases) == 1:
-      return jax.lax.psum(flat, self.phases[0])
+      return jax.lax.psum(self._narrow(flat), self.phases[0]).astype(flat.dtype)
     n = len(flat)
     pad = (-n) % math.prod(self.sizes[:-1])
-    x = jnp.pad(flat, (0, pad))
+    x = jnp.pad(self._narrow(flat), (0, pad))
     for p in self.phases[:-1]:
       x = jax.lax.psum_scatter(x, p, scatter_dimension=0, tiled=True)
     x = jax.lax.psum(x, self.phases[-1])
     for p in reversed(self.phases[:-1]):
       x = jax.lax.all_gather(x, p, axis=0, tiled=True)
-    return x[:n]
+    return x[:n].astype(flat.dtype)
 
   def _dims(self, dims) -> tuple[int | None, ...]:
     return (dims,) * len(self.phases) if isinstance(dims, int) else tuple(dims)
@@ -56,11 +66,14 @@ class Reduction:
     """The sum over replicas of `x`, each phase scattering along its dimension (`dims`: one per
     phase, or one for all), whose size the phase's devices divide, or, where a phase's
     dimension is None, all-reducing over that phase: on the dimensions named, the block a
-    PartitionSpec naming each phase's axes there (in phase order) places on a replica."""
+    PartitionSpec naming each phase's axes there (in phase order) places on a replica. Summed
+    in `dtype`, returned in `x`'s own."""
+    out = x.dtype
+    x = self._narrow(x)
     for p, d in zip(self.phases, self._dims(dims)):
       x = jax.lax.psum(x, p) if d is None else jax.lax.psum_scatter(
           x, p, scatter_dimension=d, tiled=True)
-    return x
+    return x.astype(out)
 
   def all_gather(self, x: jax.Array, dims: int | Sequence[int | None] = 0) -> jax.Array:
     """The inverse of `reduce_scatter`'s layout: every replica's block, phases in reverse."""

@@ -15,7 +15,8 @@ there, and is refused before jax starts (`check_applies`): spatial_partitioning 
 
 Order of composition (`_MODULES`, whatever order the user wrote): spatial_partitioning (layout)
 -> grad_sum_2d (reduction phases) -> weight_update_sharding (update rule, reduction) ->
-grad_accum (gradient wrapper) -> distributed_eval (eval placement).
+bfloat16_grad_sum (the reduction's dtype) -> grad_accum (gradient wrapper) -> distributed_eval
+(eval placement).
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from mesh.collectives import Reduction
 from mesh.errors import UserError
 from mesh.spec import Layout, MeshSpec
 
-_MODULES = ("spatial_partitioning", "grad_sum_2d", "weight_update_sharding", "grad_accum",
-            "distributed_eval")
+_MODULES = ("spatial_partitioning", "grad_sum_2d", "weight_update_sharding",
+            "bfloat16_grad_sum", "grad_accum", "distributed_eval")
 
 
 class Update:
@@ -92,7 +93,8 @@ class Plan:
     """For summary.json: what each part of the step is."""
     return {"layout": str(self.layout), "batch_axes": list(self.batch_axes),
             "gradient_sum": ("gspmd all-reduce" if self.reduction is None else
-                             " then ".join("+".join(p) for p in self.reduction.phases)),
+                             " then ".join("+".join(p) for p in self.reduction.phases)
+                             + (f" in {self.reduction.dtype}" if self.reduction.dtype else "")),
             "update": type(self.update).__name__,
             "gradient_accumulation_steps": self.accumulation_steps,
             "eval": "distributed" if self.distributed_eval else "single device"}

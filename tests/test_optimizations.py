@@ -3,6 +3,7 @@ program and in summary.json (exactness: test_optimizations_exact.py)."""
 
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -35,13 +36,62 @@ def _plan(opts, mesh="data:8", layout="batch:data"):
 
 def test_names_none_and_registry():
   assert set(optimizations.names()) == {"grad_sum_2d", "weight_update_sharding",
-                                        "spatial_partitioning", "distributed_eval", "grad_accum"}
+                                        "spatial_partitioning", "distributed_eval", "grad_accum",
+                                        "bfloat16_grad_sum"}
   p = _plan("none")
   assert p.enabled == () and p.reduction is None and type(p.update) is optimizations.Update
   assert not p.distributed_eval and p.gradient_wrappers == () and p.accumulation_steps == 1
   p = _plan("distributed_eval, weight_update_sharding")
   assert isinstance(p.update, ShardedUpdate) and p.distributed_eval
-  assert p.reduction.phases == (("data",),)
+  assert p.reduction.phases == (("data",),) and p.reduction.dtype is None
+
+
+def test_bfloat16_grad_sum_narrows_whichever_reduction_the_plan_has():
+  p = _plan("bfloat16_grad_sum")                       # alone: one explicit all-reduce
+  assert p.reduction.phases == (("data",),) and p.reduction.dtype == "bfloat16"
+  assert type(p.update) is optimizations.Update
+  assert p.describe()["gradient_sum"] == "data in bfloat16"
+  # Whatever order it is written in, grad_sum_2d's phases and the sharded update keep theirs.
+  p = _plan("bfloat16_grad_sum,weight_update_sharding,grad_sum_2d", "x:4,y:2", "batch:x+y")
+  assert p.reduction.phases == (("x",), ("y",)) and p.reduction.sizes == (4, 2)
+  assert p.reduction.dtype == "bfloat16" and isinstance(p.update, ShardedUpdate)
+
+
+def test_bfloat16_reduction_sums_each_replicas_rounded_gradient():
+  """Against numpy: each replica's value k + 1/512 (k = 1..8, which bfloat16's 8 significant
+  bits round to k) is cast before it travels, so the sum is the sum of the k's (exact in
+  bfloat16 up to 256), returned in float32; float32's sum keeps the 8/512. On one phase and on
+  two (reduce-scatter, all-reduce, all-gather), per tensor and as a bucket."""
+  from mesh.collectives import Reduction
+  rng = np.random.default_rng(0)
+  k = rng.integers(1, 9, size=(8, 16, 4)).astype(np.float32)     # replica, rows, cols
+  x = k + np.float32(1 / 512)
+  want, want32 = k.sum(0), x.sum(0)
+  assert not np.array_equal(want, want32)
+  for mesh_text, phases in (("data:8", (("data",),)), ("x:4,y:2", (("x",), ("y",)))):
+    mesh = jax.make_mesh(tuple(int(t.split(":")[1]) for t in mesh_text.split(",")),
+                         tuple(a for p in phases for a in p),
+                         axis_types=(jax.sharding.AxisType.Explicit,) * len(phases))
+    axes = tuple(a for p in phases for a in p)
+    sizes = tuple(mesh.shape[p[0]] for p in phases)
+    for dtype, expect in (("bfloat16", want), (None, want32)):
+      red = Reduction(phases, sizes, dtype)
+
+      def body(block, red=red):
+        g = block[0]                                          # this replica's gradient
+        return red.reduce_scatter(g, 0)[None], red.all_reduce(g.ravel()).reshape(g.shape)[None]
+      f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=PartitionSpec(axes),
+                                out_specs=(PartitionSpec(axes), PartitionSpec(axes))))
+      xs = jax.device_put(x, jax.sharding.NamedSharding(mesh, PartitionSpec(axes)))
+      scattered, bucket = f(xs)
+      assert scattered.dtype == bucket.dtype == np.float32
+      # Replica r holds rows r*2..r*2+1 of the sum (tiled scatter along dim 0, phases' order).
+      np.testing.assert_array_equal(np.concatenate(list(np.asarray(scattered))), expect)
+      for r in np.asarray(bucket):
+        np.testing.assert_array_equal(r, expect)
+      text = f.lower(xs).as_text()
+      narrow = re.findall(r'reduce_scatter".*?\}\) : \(tensor<[\dx]*(\w+)>\)', text, re.S)
+      assert narrow and set(narrow) == {"bf16" if dtype else "f32"}, (dtype, narrow)
 
 
 @pytest.mark.parametrize("opts,mesh,layout,needle", [
@@ -49,6 +99,7 @@ def test_names_none_and_registry():
     ("grad_sum_2d,grad_sum_2d", "x:4,y:2", "batch:x+y", "names an optimization twice"),
     ("grad_sum_2d", "data:8", "batch:data", "needs the batch split over two mesh axes"),
     ("weight_update_sharding", "model:8", "channels:model", "needs a layout that splits 'batch'"),
+    ("bfloat16_grad_sum", "model:8", "channels:model", "needs a layout that splits 'batch'"),
     ("spatial_partitioning", "data:8", "batch:data", "needs a mesh axis for the image height"),
     ("spatial_partitioning", "data:2,spatial:4", "batch:data+spatial", "both use mesh axis"),
     ("spatial_partitioning", "data:2,spatial:2,model:2", "batch:data", "splits neither"),
@@ -254,6 +305,7 @@ APPLIES = {
     "weight_update_sharding": set(BENCHMARKS),
     "grad_accum": set(BENCHMARKS),
     "distributed_eval": set(BENCHMARKS),
+    "bfloat16_grad_sum": set(BENCHMARKS),
 }
 
 

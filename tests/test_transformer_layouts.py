@@ -128,6 +128,34 @@ def test_weight_update_sharding_gathers_bfloat16_copies_and_changes_no_value(tmp
   assert gathered["f32"] >= 1, gathered                   # the embedding at least
 
 
+def test_bfloat16_grad_sum_reduces_every_gradient_in_bfloat16(tmp_path):
+  """With weight_update_sharding, every gradient's reduce-scatter carries bfloat16; the
+  forward is unchanged (the first loss equal bit for bit), the second step's loss within 0.1%
+  of summing in float32 (measured: 1.6e-5 apart), the state stays float32 and the rounding
+  shows in the parameters."""
+  cfg, task = _bf16_task(tmp_path)
+  batches = list(itertools.islice(task.data.train(0), 2))
+  runs = {}
+  for name, opts in (("bf16", "weight_update_sharding,bfloat16_grad_sum"),
+                     ("f32", "weight_update_sharding")):
+    shd, plan = helpers.planned("data:8", "batch:data", opts)
+    runs[name] = (plan, shd) + helpers.sharded_run(task, shd, cfg.seed, batches, plan)
+  plan, shd, losses, params, program, _ = runs["bf16"]
+  f32_losses, f32_params = runs["f32"][2], runs["f32"][3]
+  assert losses[0] == f32_losses[0] and losses[1] != losses[0]
+  assert abs(losses[1] / f32_losses[1] - 1) < 1e-3, (losses, f32_losses)
+  assert all(a.dtype == np.float32 for a in jax.tree.leaves(params))
+  assert any(not np.array_equal(a, b)
+             for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(f32_params)))
+  boxed = jax.eval_shape(task.init, jax.random.PRNGKey(0))
+  ctx = step_lib.StepContext(shd, plan, shd.tree(names_of(boxed), nn.meta.unbox(boxed))["params"],
+                             nn.meta.unbox(boxed)["params"])
+  batch = step_lib.global_batch(batches[0], program.batch_shardings)
+  text = str(jax.make_jaxpr(step_lib.train_step_fn(task, ctx))(program.state_shapes, batch))
+  scattered = collections.Counter(re.findall(r":(\w+)\[[\d,]*\] = reduce_scatter\[", text))
+  assert set(scattered) == {"bf16"} and scattered["bf16"] >= 16, scattered
+
+
 def test_distributed_eval_gathers_the_sharded_weights_once_not_per_decoding_step(tmp_path):
   """Under weight-update sharding the state holds each replica's blocks; the distributed eval
   lays them out once at its start, so no all-gather sits inside the beam search's loop (before
