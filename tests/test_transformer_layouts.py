@@ -96,6 +96,15 @@ class _GatherInMasterDtype(weight_update_sharding.ShardedUpdate):
     return super().forward(params, ctx, lambda: [None] * len(jax.tree.leaves(params)))
 
 
+def _traced_step(task, shd, plan, program, batch) -> str:
+  """The jaxpr of the training step the plan builds, as text."""
+  boxed = jax.eval_shape(task.init, jax.random.PRNGKey(0))
+  ctx = step_lib.StepContext(shd, plan, shd.tree(names_of(boxed), nn.meta.unbox(boxed))["params"],
+                             nn.meta.unbox(boxed)["params"])
+  batch = step_lib.global_batch(batch, program.batch_shardings)
+  return str(jax.make_jaxpr(step_lib.train_step_fn(task, ctx))(program.state_shapes, batch))
+
+
 def test_weight_update_sharding_gathers_bfloat16_copies_and_changes_no_value(tmp_path):
   """Under --dtype=bfloat16 the projections' and feed-forward's float32 blocks are cast before
   they are gathered (`mesh.casts`): half the bytes, and the same losses and parameters, bit for
@@ -117,11 +126,7 @@ def test_weight_update_sharding_gathers_bfloat16_copies_and_changes_no_value(tmp
   assert jax.tree.leaves(params)[0].dtype == np.float32
   assert tuple(program.state_shardings["params"]["encoder_0"]["FeedForward_0"]["wi"].spec) == \
       ("data", None)
-  boxed = jax.eval_shape(task.init, jax.random.PRNGKey(0))
-  ctx = step_lib.StepContext(shd, plan, shd.tree(names_of(boxed), nn.meta.unbox(boxed))["params"],
-                             nn.meta.unbox(boxed)["params"])
-  batch = step_lib.global_batch(batches[0], program.batch_shardings)
-  text = str(jax.make_jaxpr(step_lib.train_step_fn(task, ctx))(program.state_shapes, batch))
+  text = _traced_step(task, shd, plan, program, batches[0])
   gathered = collections.Counter(re.findall(r":(\w+)\[[\d,]*\] = all_gather\[", text))
   # 4 projections x 3 attentions (encoder self, decoder self and cross) + 2 x 2 feed-forward
   assert gathered["bf16"] == 16, gathered
@@ -147,11 +152,7 @@ def test_bfloat16_grad_sum_reduces_every_gradient_in_bfloat16(tmp_path):
   assert all(a.dtype == np.float32 for a in jax.tree.leaves(params))
   assert any(not np.array_equal(a, b)
              for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(f32_params)))
-  boxed = jax.eval_shape(task.init, jax.random.PRNGKey(0))
-  ctx = step_lib.StepContext(shd, plan, shd.tree(names_of(boxed), nn.meta.unbox(boxed))["params"],
-                             nn.meta.unbox(boxed)["params"])
-  batch = step_lib.global_batch(batches[0], program.batch_shardings)
-  text = str(jax.make_jaxpr(step_lib.train_step_fn(task, ctx))(program.state_shapes, batch))
+  text = _traced_step(task, shd, plan, program, batches[0])
   scattered = collections.Counter(re.findall(r":(\w+)\[[\d,]*\] = reduce_scatter\[", text))
   assert set(scattered) == {"bf16"} and scattered["bf16"] >= 16, scattered
 
