@@ -187,3 +187,12 @@ def plan(text: str, layout: Layout, mesh: MeshSpec) -> Plan:
 def flat_reduction(p: Plan, mesh: MeshSpec) -> Reduction:
   """One all-reduce (or reduce-scatter) over all data-parallel axes at once."""
   return Reduction((p.batch_axes,), (math.prod(mesh.axis_size(a) for a in p.batch_axes),))
+
+
+def explicit_reduction(p: Plan, mesh: MeshSpec, name: str) -> Reduction:
+  """The plan's gradient reduction, or one over all data-parallel axes, for an optimization
+  (`name`) that needs the replicas' sum explicit; refused where the layout has no replicas."""
+  if not p.batch_axes:
+    raise UserError(f"{name} needs a layout that splits 'batch' over a mesh axis "
+                    f"(e.g. --layout=batch:data)")
+  return p.reduction or flat_reduction(p, mesh)

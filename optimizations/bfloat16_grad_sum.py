@@ -14,16 +14,12 @@ gradients (grad_accum) are added in float32 first: only the cross-replica sum na
 
 import dataclasses
 
-from mesh.errors import UserError
-from optimizations import Optimization, Plan, flat_reduction
+from optimizations import Optimization, Plan, explicit_reduction
 
 
 def apply(plan: Plan, mesh, arg=None) -> Plan:
   del arg
-  if not plan.batch_axes:
-    raise UserError("bfloat16_grad_sum needs a layout that splits 'batch' over a mesh axis "
-                    "(e.g. --layout=batch:data): without replicas there is no sum")
-  reduction = plan.reduction or flat_reduction(plan, mesh)
+  reduction = explicit_reduction(plan, mesh, "bfloat16_grad_sum")
   return dataclasses.replace(plan, reduction=dataclasses.replace(reduction, dtype="bfloat16"))
 
 

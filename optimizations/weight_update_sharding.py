@@ -42,9 +42,8 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from mesh import collectives as coll
-from mesh.errors import UserError
 from mesh.sharding import spec_entry
-from optimizations import Optimization, Plan, Update, flat_reduction
+from optimizations import Optimization, Plan, Update, explicit_reduction
 
 TILE = (8, 128)   # a TPU's tile of the two minor dimensions (float32)
 
@@ -155,11 +154,8 @@ class ShardedUpdate(Update):
 
 def apply(plan: Plan, mesh, arg=None) -> Plan:
   del arg
-  if not plan.batch_axes:
-    raise UserError("weight_update_sharding needs a layout that splits 'batch' over a mesh axis "
-                    "(e.g. --layout=batch:data)")
   return dataclasses.replace(plan, update=ShardedUpdate(),
-                             reduction=plan.reduction or flat_reduction(plan, mesh))
+                             reduction=explicit_reduction(plan, mesh, "weight_update_sharding"))
 
 
 OPTIMIZATION = Optimization(
