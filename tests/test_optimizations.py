@@ -1,6 +1,7 @@
 """Optimizations are chosen by name, refused when they cannot apply, and visible in the compiled
 program and in summary.json (exactness: test_optimizations_exact.py)."""
 
+import dataclasses
 import math
 import os
 import re
@@ -62,20 +63,17 @@ def test_bfloat16_reduction_sums_each_replicas_rounded_gradient():
   bits round to k) is cast before it travels, so the sum is the sum of the k's (exact in
   bfloat16 up to 256), returned in float32; float32's sum keeps the 8/512. On one phase and on
   two (reduce-scatter, all-reduce, all-gather), per tensor and as a bucket."""
-  from mesh.collectives import Reduction
   rng = np.random.default_rng(0)
   k = rng.integers(1, 9, size=(8, 16, 4)).astype(np.float32)     # replica, rows, cols
   x = k + np.float32(1 / 512)
   want, want32 = k.sum(0), x.sum(0)
   assert not np.array_equal(want, want32)
-  for mesh_text, phases in (("data:8", (("data",),)), ("x:4,y:2", (("x",), ("y",)))):
-    mesh = jax.make_mesh(tuple(int(t.split(":")[1]) for t in mesh_text.split(",")),
-                         tuple(a for p in phases for a in p),
-                         axis_types=(jax.sharding.AxisType.Explicit,) * len(phases))
-    axes = tuple(a for p in phases for a in p)
-    sizes = tuple(mesh.shape[p[0]] for p in phases)
-    for dtype, expect in (("bfloat16", want), (None, want32)):
-      red = Reduction(phases, sizes, dtype)
+  for mesh_text, layout, opts in (("data:8", "batch:data", "bfloat16_grad_sum"),
+                                  ("x:4,y:2", "batch:x+y", "grad_sum_2d,bfloat16_grad_sum")):
+    shd, plan = helpers.planned(mesh_text, layout, opts)
+    mesh, axes = shd.mesh, plan.batch_axes
+    for red, expect in ((plan.reduction, want),
+                        (dataclasses.replace(plan.reduction, dtype=None), want32)):
 
       def body(block, red=red):
         g = block[0]                                          # this replica's gradient
@@ -91,7 +89,7 @@ def test_bfloat16_reduction_sums_each_replicas_rounded_gradient():
         np.testing.assert_array_equal(r, expect)
       text = f.lower(xs).as_text()
       narrow = re.findall(r'reduce_scatter".*?\}\) : \(tensor<[\dx]*(\w+)>\)', text, re.S)
-      assert narrow and set(narrow) == {"bf16" if dtype else "f32"}, (dtype, narrow)
+      assert narrow and set(narrow) == {"bf16" if red.dtype else "f32"}, (red.dtype, narrow)
 
 
 @pytest.mark.parametrize("opts,mesh,layout,needle", [
