@@ -29,6 +29,8 @@ class Common:
   remat: str = "none"               # recompute in the backward pass: none; full (keep each layer's
                                     # output only); dots (also keep matmul outputs)
   xla_flags: str = ""               # XLA flags the run adds to XLA_FLAGS before jax starts
+  libtpu_flags: str = ""            # the TPU compiler's flags the run adds to LIBTPU_INIT_ARGS
+                                    # before libtpu loads (`mesh.tpu_flags`)
   # Run length and evaluation.
   global_batch_size: int = 64
   eval_batch_size: int = 0          # 0: same as global_batch_size
@@ -52,6 +54,16 @@ ATTENTION = ("xla", "cudnn")
 # collectives to overlap the compute around them (JAX's GPU performance tips,
 # https://docs.jax.dev/en/latest/gpu_performance_tips.html; NVIDIA's JAX containers set it too).
 GPU_XLA_FLAGS = "--xla_gpu_enable_latency_hiding_scheduler=true"
+# What the TPU pod presets set (`--libtpu_flags`): libtpu's asynchronous collectives, which
+# start an all-gather (or a fused collective) before the kernels that do not need it and wait
+# for it after them, so the weight-update sharding's all-gathers overlap compute. The flags as
+# MaxText's TPU recipes and the Cloud TPU performance guide
+# (https://cloud.google.com/tpu/docs/performance-guide) give them; docs/pod.md has their effect
+# on the compiled programs.
+TPU_ASYNC_COLLECTIVES = ("--xla_tpu_enable_async_collective_fusion=true "
+                         "--xla_tpu_enable_async_collective_fusion_multiple_steps=true "
+                         "--xla_tpu_overlap_compute_collective_tc=true "
+                         "--xla_enable_async_all_gather=true")
 # The slice each TPU preset is made for (`--compile_only --topology=...`). MLPerf names a TPU
 # system by its TensorCores up to v5p (v3-2048: 1024 chips of 2 cores; v4-128 and v5p-128: 64
 # chips of 2 cores, one JAX device each) and v6e by its chips (v6e-64: 64 chips of one core).

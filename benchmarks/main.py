@@ -23,7 +23,7 @@ from benchmarks import config as config_lib
 from benchmarks import flags as flags_lib
 from benchmarks.registry import BENCHMARKS, Entry
 from logs import observe
-from mesh import devices, errors, multihost
+from mesh import devices, errors, multihost, tpu_flags
 from mesh.errors import UserError
 
 
@@ -153,6 +153,7 @@ def setup(argv: list[str], verb: str = "<benchmark>",
   optimizations.check_applies(   # unknown names, or one that does nothing here, fail now
       optimizations.parse(cfg.optimizations), name, entry.dimensions())
   devices.add_xla_flags(cfg.xla_flags)
+  tpu_flags.add(cfg.libtpu_flags)
   if fv.topology:
     if not (fv.compile_only or compiles_only_with_topology):
       raise UserError("--topology names a slice to compile for: add --compile_only (on a real "

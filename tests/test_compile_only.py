@@ -219,20 +219,38 @@ def test_loop_trips_counted_in_tpu_programs():
 def test_scale_predicts_a_points_file_of_ones_own(tmp_path):
   """`./run.sh scale all --points=FILE` end to end on a user's file: the tiny ResNet compiled
   for a v3:2x2 slice, priced, its minutes = steps x step + evaluations x eval steps x eval
-  step + host terms, written as JSON."""
-  from benchmarks.pod import points, scale
+  step + host terms, written as JSON. A second point sets libtpu's asynchronous collectives
+  (`libtpu_flags`), which this process's libtpu did not load with: it is compiled in a child
+  process with them, and its weight-update sharding's all-gathers are asynchronous there
+  (`all-gather-start`), the first point's not."""
+  from benchmarks.config import TPU_ASYNC_COLLECTIVES
+  from benchmarks.pod import compile_cache, points, scale
   topology.prepare_host()
   path = tmp_path / "mine.json"
-  path.write_text(json.dumps({"points": [{
+  point = {
       "name": "tiny-8", "benchmark": "resnet", "preset": "tiny", "topology": "v3:2x2",
       "mesh": "data:8", "global_batch_size": 64,
       "overrides": {"num_cpu_devices": 0, "layout": "batch:data", "eval_batch_size": 64,
-                    "bn_span": 16},
+                    "bn_span": 16, "optimizations": "weight_update_sharding"},
       "train_steps": 100, "evaluations": 2, "host": {"startup_s": 3.0},
-      "measured": {"train_step_ms": 1.0}, "published_minutes": 1.0}]}))
+      "measured": {"train_step_ms": 1.0}, "published_minutes": 1.0}
+  flagged = {**point, "name": "tiny-8-async",
+             "overrides": {**point["overrides"], "libtpu_flags": TPU_ASYNC_COLLECTIVES}}
+  path.write_text(json.dumps({"points": [point, flagged]}))
   chosen = scale.select(points.load(str(path)), "all")
+  said = []
   rows = scale.run(chosen, str(tmp_path / "out"), None, str(tmp_path / "cache"),
-                   say=lambda s: None)
+                   say=said.append)
+  assert [s for s in said if "child process" in s] == [
+      f"tiny-8-async: compiling in a child process, LIBTPU_INIT_ARGS="
+      f"{' '.join(TPU_ASYNC_COLLECTIVES.split())!r}"]
+  hlo = {}
+  for p, flags in zip(chosen, ("", TPU_ASYNC_COLLECTIVES)):
+    cfg = points.config(p)
+    raw, _ = compile_cache.load(str(tmp_path / "cache"), compile_cache.cache_key(
+        "resnet", cfg, p.topology, True, compile_cache.versions(flags)))
+    hlo[p.name] = raw["train"]["hlo"]
+  assert "all-gather-start" in hlo["tiny-8-async"] and "all-gather-start" not in hlo["tiny-8"]
   p = rows["resnet"][0]["prediction"]
   assert p["modelled_step_ms"] > 0 and p["eval_step_ms"] > 0
   want = (3.0 + 100 * p["modelled_step_ms"] / 1e3

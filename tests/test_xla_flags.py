@@ -1,9 +1,12 @@
 """`--xla_flags`: XLA flags a run adds to XLA_FLAGS before jax starts (the GPU presets set the
-latency-hiding scheduler). XLA aborts a process on a flag it does not know, so the flags are
-tried first; the ones the presets set must be known to the pinned jaxlib, and the flags must
-reach the XLA that compiles the run."""
+latency-hiding scheduler); `--libtpu_flags`, the TPU compiler's, added to LIBTPU_INIT_ARGS before
+libtpu loads (the v3 pod presets set its asynchronous collectives). XLA and libtpu abort a
+process on a flag they do not know, so the flags are tried first; the ones the presets set must
+be known to the pinned jaxlib and libtpu, and the flags must reach the XLA that compiles the
+run."""
 
 import glob
+import importlib.util
 import json
 import os
 import subprocess
@@ -11,7 +14,7 @@ import subprocess
 import pytest
 
 from benchmarks import registry
-from benchmarks.config import GPU_XLA_FLAGS
+from benchmarks.config import GPU_XLA_FLAGS, TPU_ASYNC_COLLECTIVES
 from mesh import devices
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -72,3 +75,62 @@ def test_the_flags_reach_the_xla_that_compiles_the_run(tmp_path):
   logged = [json.loads(line.split(":::MLLOG ", 1)[1])
             for line in open(tmp_path / "run" / "result_0.txt") if ":::MLLOG" in line]
   assert [e["value"] for e in logged if e["key"] == "meshperf_xla_env"] == [summary["xla_env"]]
+
+
+# --- libtpu's flags (`--libtpu_flags`, LIBTPU_INIT_ARGS: mesh.tpu_flags) -------------------------
+
+def _presets_with_libtpu_flags():
+  return [(name, preset, cfg) for name, entry in sorted(registry.BENCHMARKS.items())
+          for preset, cfg in sorted(entry.config().PRESETS.items()) if cfg.libtpu_flags]
+
+
+def test_libtpu_flags_merge_once_and_a_conflict_is_refused():
+  from mesh import tpu_flags
+  from mesh.errors import UserError
+  base = "--xla_tpu_use_enhanced_launch_barrier=true"
+  once = tpu_flags.merged(TPU_ASYNC_COLLECTIVES, base)
+  assert once.split() == [base] + TPU_ASYNC_COLLECTIVES.split()
+  assert tpu_flags.merged(TPU_ASYNC_COLLECTIVES, f"  {once} ") == once    # a second time: same
+  with pytest.raises(UserError, match="sets --xla_enable_async_all_gather=true but "
+                                      "LIBTPU_INIT_ARGS has --xla_enable_async_all_gather=false"):
+    tpu_flags.merged(TPU_ASYNC_COLLECTIVES, "--xla_enable_async_all_gather=false")
+  with pytest.raises(UserError, match="'xla_tpu_foo=1' is not a libtpu flag"):
+    tpu_flags.merged("xla_tpu_foo=1", "")
+
+
+def test_libtpu_flags_late_ones_are_refused_and_the_environment_left_alone(monkeypatch):
+  from mesh import tpu_flags
+  from mesh.errors import UserError
+  monkeypatch.setenv("LIBTPU_INIT_ARGS", "--xla_tpu_use_enhanced_launch_barrier=true")
+  monkeypatch.setattr(tpu_flags, "loaded", lambda: True)
+  with pytest.raises(UserError, match="came too late: libtpu has loaded"):
+    tpu_flags.add(TPU_ASYNC_COLLECTIVES)
+  assert os.environ["LIBTPU_INIT_ARGS"] == "--xla_tpu_use_enhanced_launch_barrier=true"
+  tpu_flags.add("--xla_tpu_use_enhanced_launch_barrier=true")    # there already: nothing to do
+
+
+def test_the_cache_keys_a_configs_libtpu_flags_as_the_environment_they_make(monkeypatch):
+  """A scale process looks a point up before its flags are in the environment; the process
+  that compiled it had them there: both must reach the same cache key."""
+  from benchmarks.pod import compile_cache
+  from mesh import tpu_flags
+  monkeypatch.delenv("LIBTPU_INIT_ARGS", raising=False)
+  bare, before = compile_cache.versions(), compile_cache.versions(TPU_ASYNC_COLLECTIVES)
+  assert before != bare and "--xla_enable_async_all_gather=true" in before
+  monkeypatch.setenv("LIBTPU_INIT_ARGS", tpu_flags.merged(TPU_ASYNC_COLLECTIVES))
+  assert compile_cache.versions(TPU_ASYNC_COLLECTIVES) == compile_cache.versions() == before
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                    reason="libtpu (the tpu extra) is not installed: `./run.sh install tpu`")
+def test_libtpu_knows_the_presets_flags_and_refuses_an_unknown_one():
+  """libtpu ends a process on a flag it does not know; the flags are tried in a child first.
+  Every preset's flags pass on the pinned libtpu."""
+  from mesh import tpu_flags
+  from mesh.errors import UserError
+  presets = _presets_with_libtpu_flags()
+  assert ("transformer", "tpu-v3-2048") in {(n, p) for n, p, _ in presets}
+  for _, _, cfg in presets:
+    tpu_flags.check(cfg.libtpu_flags)
+  with pytest.raises(UserError, match="libtpu refused them .*xla_tpu_no_such_knob"):
+    tpu_flags.check(f"{TPU_ASYNC_COLLECTIVES} --xla_tpu_no_such_knob=1")

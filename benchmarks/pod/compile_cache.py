@@ -31,13 +31,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CODE_DIRS = ("mesh", "optimizations", "benchmarks")
 # Not what a program is compiled from: the modules that read compiled programs, those that
 # choose configs or parse command lines, and declarations (configs, specs, the registry: the
-# config's values are part of the key).
+# config's values are part of the key; so are the compiler's flags `mesh/tpu_flags.py` adds).
 NOT_CODE = ("benchmarks/pod/*", "benchmarks/sweep/*", "benchmarks/perf/*",
             "benchmarks/main.py", "benchmarks/flags.py", "benchmarks/task.py",
             "benchmarks/config.py", "benchmarks/registry.py", "benchmarks/*/config.py",
             "benchmarks/loop/series.py", "benchmarks/loop/timeline.py", "mesh/cost.py",
             "mesh/steptime.py", "mesh/hardware.py", "mesh/hlo.py", "mesh/kernels.py",
-            "mesh/multihost.py")
+            "mesh/multihost.py", "mesh/tpu_flags.py")
 
 
 def compiled_from(rel: str) -> bool:
@@ -52,23 +52,33 @@ VERSIONED = ("jax", "jaxlib", "libtpu")
 FLAG_VARIABLES = ("XLA_FLAGS", "LIBTPU_INIT_ARGS")
 
 
-def versions() -> str:
+def versions(libtpu_flags: str = "") -> str:
   """The compiler's versions and the flags it reads from the environment (part of every cache
-  key)."""
+  key), with a config's `libtpu_flags` counted as the LIBTPU_INIT_ARGS they make
+  (`mesh.tpu_flags.merged`): the same key before the run adds them and after."""
+  from mesh import tpu_flags
+  env = dict(os.environ)
+  if libtpu_flags.strip():
+    env[tpu_flags.VARIABLE] = tpu_flags.merged(libtpu_flags)
   out = []
   for package in VERSIONED:
     try:
       out.append(f"{package}=={metadata.version(package)}")
     except metadata.PackageNotFoundError:
       out.append(f"{package} absent")
-  out += [f"{v}={os.environ[v]}" for v in FLAG_VARIABLES if os.environ.get(v, "").strip()]
+  out += [f"{v}={env[v]}" for v in FLAG_VARIABLES if env.get(v, "").strip()]
   return ",".join(out)
+
+
+# Config fields the key holds as what they become (`versions`), not as written.
+AS_FLAGS = ("libtpu_flags",)
 
 
 def cache_key(benchmark: str, cfg, topology: str | None, with_eval: bool, compiler: str) -> str:
   """What a program compiles: the benchmark, its full config, the slice, eval or not, and the
   compiler's versions. The code it was compiled with is checked separately (`stale`)."""
-  what = {"benchmark": benchmark, "config": dataclasses.asdict(cfg), "topology": topology,
+  config = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in AS_FLAGS}
+  what = {"benchmark": benchmark, "config": config, "topology": topology,
           "with_eval": with_eval, "compiler": compiler}
   return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:24]
 

@@ -61,7 +61,7 @@ def facts(benchmark: str, cfg, topology_name: str | None, *, with_eval: bool = T
   key = None
   if cache_dir:
     key = compile_cache.cache_key(benchmark, cfg, topology_name, with_eval,
-                                  compile_cache.versions())
+                                  compile_cache.versions(getattr(cfg, "libtpu_flags", "")))
     raw, changed = (None, []) if refresh else compile_cache.load(cache_dir, key)
     if raw is not None:
       say(f"{benchmark}: compiled before, read from {compile_cache.path_of(cache_dir, key)}")

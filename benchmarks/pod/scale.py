@@ -36,6 +36,11 @@ in `--cache_dir` (`benchmarks.pod.compile_cache`: keyed by benchmark, config, to
 compiler versions, checked file by file against the code that compiled them). A rerun with
 nothing changed compiles nothing; a change to the step-time model re-reads the cached programs;
 a change to the code a benchmark runs recompiles it. `--refresh` recompiles regardless.
+
+Compiler flags: libtpu reads its flags (LIBTPU_INIT_ARGS) once per process, and a preset may
+set some (`libtpu_flags`: the v3 pod presets' asynchronous collectives). A point whose flags
+differ from those this process's libtpu loaded with is compiled in a child process started with
+its own (`benchmarks.pod.compile_point`).
 """
 
 from __future__ import annotations
@@ -161,13 +166,28 @@ def predict(point: Point, summary: dict, fitted: bool = False) -> dict[str, Any]
   }
 
 
+# LIBTPU_INIT_ARGS as the user set it, before any point added its preset's `libtpu_flags`.
+_USER_LIBTPU_ARGS = os.environ.get("LIBTPU_INIT_ARGS", "")
+
+
 def _compiled(point: Point, cfg, *, with_eval, say, cache_dir, refresh):
-  from mesh import topology
+  from mesh import topology, tpu_flags
   # Before jax starts: the host backend stays on CPU; naming the slice keeps libtpu quiet.
   topology.prepare_host(topology.parse(point.topology))
   from benchmarks.pod import compile_only
-  raw = compile_only.facts(point.benchmark, cfg, point.topology, with_eval=with_eval, say=say,
-                           cache_dir=cache_dir, refresh=refresh)
+  want = tpu_flags.merged(cfg.libtpu_flags, _USER_LIBTPU_ARGS)
+  here = " ".join(os.environ.get(tpu_flags.VARIABLE, "").split())
+  if tpu_flags.loaded() and want != here:
+    # This process's libtpu loaded with another point's flags (it reads them once).
+    from benchmarks.pod import compile_point
+    raw = compile_point.in_child(point, want, with_eval=with_eval, say=say,
+                                 cache_dir=cache_dir, refresh=refresh)
+  else:
+    if want != here:
+      os.environ[tpu_flags.VARIABLE] = want
+      tpu_flags.check(cfg.libtpu_flags)
+    raw = compile_only.facts(point.benchmark, cfg, point.topology, with_eval=with_eval, say=say,
+                             cache_dir=cache_dir, refresh=refresh)
   return raw, compile_only.read(raw, cfg)
 
 
