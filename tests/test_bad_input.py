@@ -232,6 +232,7 @@ CASES = [
     ("main", ["resnet", "--xla_flags=xla_gpu_foo"], "'xla_gpu_foo' is not an XLA flag"),
     ("main", ["resnet", "--xla_flags=--xla_no_such_flag=1"],
      "does not know --xla_no_such_flag=1; drop it"),
+    ("main", ["resnet", "--libtpu_flags=xla_tpu_foo"], "'xla_tpu_foo' is not a libtpu flag"),
     ("main", ["resnet", "--coordinator_address=auto", "--process_id=0"],
      "the TPU pod numbers its processes itself"),
     ("ablate", ["resnet", "--no_such_flag=1"], "unknown flag --no_such_flag"),

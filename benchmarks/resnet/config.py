@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 
-from benchmarks.config import GPU_XLA_FLAGS, Common, fraction, non_negative, positive, require
+from benchmarks.config import (
+  GPU_XLA_FLAGS,
+  TPU_ASYNC_COLLECTIVES,
+  Common,
+  fraction,
+  non_negative,
+  positive,
+  require,
+)
 from benchmarks.task import Spec
 from mesh.errors import UserError
 
@@ -63,10 +71,12 @@ PRESETS = {
         target_accuracy=0.98),
     # MLPerf v0.6 on a full TPU-v3 pod (1024 chips, 2048 cores), as Google ran it (Kumar et al.,
     # arXiv 1909.09756; mlcommons/training_results_v0.6, Google/benchmarks/resnet). The replicas
-    # span a 64 x 32 mesh so gradients are summed in two phases.
+    # span a 64 x 32 mesh so gradients are summed in two phases; libtpu's asynchronous
+    # collectives overlap the weights' all-gathers with the kernels.
     "tpu-v3-2048": Config(
         num_cpu_devices=0, mesh="x:64,y:32", layout="batch:x+y", dataset="imagenet",
         optimizations="grad_sum_2d,weight_update_sharding,distributed_eval",
+        libtpu_flags=TPU_ASYNC_COLLECTIVES,
         image_size=224, num_classes=1000, model_depth=50, model_width=64, dtype="bfloat16",
         global_batch_size=32768, max_epochs=72, eval_every=4, optimizer="lars",
         base_learning_rate=31.2, warmup_epochs=25.0, schedule_epochs=72.0, weight_decay=1e-4,
