@@ -184,8 +184,8 @@ def _compiled(point: Point, cfg, *, with_eval, say, cache_dir, refresh):
                                  cache_dir=cache_dir, refresh=refresh)
   else:
     if want != here:
-      os.environ[tpu_flags.VARIABLE] = want
       tpu_flags.check(cfg.libtpu_flags)
+      os.environ[tpu_flags.VARIABLE] = want
     raw = compile_only.facts(point.benchmark, cfg, point.topology, with_eval=with_eval, say=say,
                              cache_dir=cache_dir, refresh=refresh)
   return raw, compile_only.read(raw, cfg)
