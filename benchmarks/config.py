@@ -8,6 +8,7 @@ This module does not import jax: `num_cpu_devices` must act before jax starts.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import math
 import os
 import re
@@ -136,7 +137,26 @@ def check_attention(c) -> None:
                     f"--attention_dropout=0 or --attention=xla")
 
 
+# Bounds checked before anything is sized by them: a run's seed is drawn by numpy, grain and
+# jax, which take 32-bit (numpy's legacy generator) or 64-bit seeds, so 32 bits serve all; the
+# epochs bound the run's list of evaluations.
+MAX_SEED = 2**32 - 1
+MAX_EPOCHS = 100_000
+
+
+def check_finite(c: Any) -> None:
+  """No number field of a config is NaN or infinite: every comparison with NaN is false, so a
+  NaN target would never be reached (the run trains to its epoch limit) and a NaN rate trains
+  nothing."""
+  for f in dataclasses.fields(c):
+    values = getattr(c, f.name)
+    for v in (values if isinstance(values, tuple) else (values,)):
+      if isinstance(v, float) and not math.isfinite(v):
+        raise UserError(f"--{f.name}={v}: give a finite number")
+
+
 def validate_common(c: Common) -> None:
+  check_finite(c)
   if c.dtype not in ("float32", "bfloat16", "float64"):
     raise UserError(f"--dtype={c.dtype}: choose float32 or bfloat16 (float64: exactness checks)")
   if c.remat not in REMAT:
@@ -146,9 +166,14 @@ def validate_common(c: Common) -> None:
                     f"pass 0 to use the real devices")
   if c.seed < 0:
     raise UserError(f"--seed={c.seed}: seeds are integers >= 0")
+  if c.seed > MAX_SEED:
+    raise UserError(f"--seed={c.seed}: seeds are 32-bit, at most {MAX_SEED}")
   for field in ("global_batch_size", "max_epochs", "eval_every"):
     if getattr(c, field) <= 0:
       raise UserError(f"--{field} must be positive (got {getattr(c, field)})")
+  if c.max_epochs > MAX_EPOCHS:
+    raise UserError(f"--max_epochs={c.max_epochs}: at most {MAX_EPOCHS:,} (MLPerf's benchmarks "
+                    f"converge in tens of epochs)")
   eval_points(c)
   if c.eval_every_samples < 0:
     raise UserError(f"--eval_every_samples must be >= 0 (got {c.eval_every_samples})")
@@ -169,6 +194,39 @@ def nearest_existing(path: str) -> str:
   return path
 
 
+def _check_components(flag: str, path: str) -> None:
+  """Each part of `path` that does not exist yet can be made: it is not a symbolic link that
+  leads nowhere (a dangling link, a loop: `exists` is false, yet nothing can be made there) and
+  its name and the whole path fit the file system's limits (NAME_MAX, PATH_MAX)."""
+  parts, p = [], path
+  while not os.path.exists(p):
+    if os.path.islink(p):
+      try:
+        os.stat(p)
+        why = "leads nowhere"
+      except OSError as e:
+        why = ("in a loop of links" if e.errno == errno.ELOOP else
+               f"to {os.readlink(p)}, which does not exist")
+      raise UserError(f"{flag}={path}: {p} is a symbolic link {why}; remove or fix the link, or "
+                      f"choose another path")
+    parts.append(os.path.basename(p))
+    p = os.path.dirname(p)
+  if not parts:
+    return
+  try:
+    name_max, path_max = os.pathconf(p, "PC_NAME_MAX"), os.pathconf(p, "PC_PATH_MAX")
+  except (OSError, ValueError):
+    return
+  long = [n for n in parts if len(os.fsencode(n)) > name_max]
+  if long:
+    raise UserError(f"{flag}={path[:80]}...: the name {long[-1][:40]}... is "
+                    f"{len(os.fsencode(long[-1]))} "
+                    f"bytes; the file system under {p} allows {name_max}; choose a shorter name")
+  if len(os.fsencode(path)) >= path_max:
+    raise UserError(f"{flag}={path[:60]}...: the path is {len(os.fsencode(path))} bytes; the file "
+                    f"system allows {path_max - 1}; choose a shorter path")
+
+
 def check_writable(flag: str, path: str, kind: str = "folder") -> None:
   """Raises UserError unless `path` (a folder, or a file with kind="file") is, or can be made,
   and written: it is not a file where a folder is meant (or a folder where a file is), no file
@@ -182,6 +240,7 @@ def check_writable(flag: str, path: str, kind: str = "folder") -> None:
                     f"writes through the file system, so mount the bucket (e.g. gcsfuse for "
                     f"gs://) and pass the mounted folder")
   path = os.path.abspath(os.path.expanduser(path))
+  _check_components(flag, path)
   if kind == "folder" and os.path.exists(path) and not os.path.isdir(path):
     raise UserError(f"{flag}={path} is a file; name a folder (it is made if missing)")
   if kind == "file" and os.path.isdir(path):

@@ -142,6 +142,29 @@ def subset_note(name: str, counts: dict[str, tuple[int, int]]) -> str:
       " (a subset: its results are not comparable with full-dataset runs)")
 
 
+def text_lines(path: str, what: str) -> list[str]:
+  """The lines of a UTF-8 text file (newlines stripped). A folder, an unreadable file or bytes
+  that are not UTF-8 are bad input: one line naming the file and, for bad bytes, the byte
+  offset and line where they are."""
+  if os.path.isdir(path):
+    raise UserError(f"{what}: {path} is a folder; it should be a text file, one sentence per "
+                    f"line")
+  try:
+    with open(path, "rb") as f:
+      raw = f.read()
+  except OSError as e:
+    raise UserError(f"{what}: cannot read {path} ({e.strerror})") from None
+  try:
+    text = raw.decode("utf-8")
+  except UnicodeDecodeError as e:
+    line = raw.count(b"\n", 0, e.start) + 1
+    raise UserError(f"{what}: {path} is not UTF-8 text: byte offset {e.start} (line {line}) "
+                    f"holds 0x{raw[e.start]:02x}; convert it, e.g. `iconv -f latin1 -t utf-8`") \
+        from None
+  text = text.replace("\r\n", "\n").replace("\r", "\n")    # as open()'s universal newlines
+  return text.split("\n")[:-1] if text.endswith("\n") else text.split("\n")
+
+
 def open_tfds(data_dir: str, name: str, split: str, dataset_flag: str, prepare: str,
               undecoded: tuple[str, ...] = ()):
   """`tfds.data_source` over a dataset prepared by tensorflow-datasets as ArrayRecord (no

@@ -9,9 +9,11 @@ values. `setup` is shared by every verb that takes a benchmark (ablate, sweep).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import os
+import signal
 import sys
 import time
 import traceback
@@ -70,12 +72,20 @@ def _check_run_flags(name: str, fv: flags.FlagValues) -> None:
   observe.parse_profile_steps(fv.profile_steps)   # its end against the run's steps: in setup
   _check_num_runs(fv)
   config_lib.check_writable("--output_dir", fv.output_dir or os.path.join("runs", name))
+  # Tokenizers, generated datasets and the CPU's measured peak are kept there.
+  config_lib.check_writable("MESHPERF_CACHE", devices.cache_root())
+
+
+MAX_RUNS = 1000
 
 
 def _check_num_runs(fv: flags.FlagValues) -> None:
   n = fv.num_runs
   if n < 1:
     raise UserError(f"--num_runs={n}: at least 1 run")
+  if n > MAX_RUNS:
+    raise UserError(f"--num_runs={n}: at most {MAX_RUNS} runs in one series (MLPerf scores 5 "
+                    f"or 10; start a longer study as several series with --run_index)")
   if n > 1 and fv.resume:
     raise UserError(f"--num_runs={n} with --resume: a resumed run is not an MLPerf result; resume "
                     f"the one run alone (--run_index=I --seed=<seed + I> --resume), then continue "
@@ -137,6 +147,10 @@ def setup(argv: list[str], verb: str = "<benchmark>",
   cfg = config_lib.replace(preset, {n: fv[n].value for n in types if fv[n].present})
   config_lib.validate_common(cfg)
   _check_run_flags(name, fv)
+  if fv.num_runs > 1 and cfg.seed + fv.run_index + fv.num_runs - 1 > config_lib.MAX_SEED:
+    raise UserError(f"--seed={cfg.seed}: run i of the series takes seed --seed + i, up to "
+                    f"{cfg.seed + fv.run_index + fv.num_runs - 1}, above the 32-bit "
+                    f"{config_lib.MAX_SEED}: choose a smaller --seed")
   if one_process and (fv.coordinator_address or os.environ.get("MESHPERF_COORDINATOR")
                       or (fv.num_processes or 1) > 1):
     raise UserError(f"./run.sh {verb.split()[0]} runs in one process (its state, tables and "
@@ -148,10 +162,12 @@ def setup(argv: list[str], verb: str = "<benchmark>",
   # Devices first: simulated CPU devices must be set before jax starts.
   from mesh import topology
   from mesh.spec import parse_layout, parse_mesh
-  parse_mesh(cfg.mesh), parse_layout(cfg.layout)   # malformed strings fail before jax starts
+  parse_mesh(cfg.mesh)    # malformed strings, and a layout of dimensions the model lacks,
+  parse_layout(cfg.layout).check_dimensions(entry.dimensions(), name)  # fail before jax starts
   import optimizations
   optimizations.check_applies(   # unknown names, or one that does nothing here, fail now
       optimizations.parse(cfg.optimizations), name, entry.dimensions())
+  devices.check_env_xla_flags()
   devices.add_xla_flags(cfg.xla_flags)
   tpu_flags.add(cfg.libtpu_flags)
   if fv.topology:
@@ -164,6 +180,7 @@ def setup(argv: list[str], verb: str = "<benchmark>",
     devices.use_cpu_devices(cfg.num_cpu_devices)
     multihost.maybe_initialize_distributed(fv.coordinator_address, fv.num_processes,
                                            fv.process_id, fv.coordinator_timeout_s)
+    devices.start_backend()
   compiling = fv.compile_only or (compiles_only_with_topology and fv.topology) or reads_no_data
   if compiling and not cfg.data_dir:
     # A compile-only run describes a real dataset instead of reading it: no --data_dir needed.
@@ -184,6 +201,8 @@ def main(argv: list[str]) -> int:
                      fv.output_dir or os.path.join("runs", name, f"compile-{where}-{stamp}"),
                      cache_dir=fv.compile_cache or None)
     return 0
+  import jax
+
   from benchmarks.loop import outputs, series, train
   opts = outputs.RunOptions(
       output_dir=fv.output_dir or os.path.join("runs", name, stamp),
@@ -197,10 +216,14 @@ def main(argv: list[str]) -> int:
   for flag, least in (("nan_check_every", 1), ("checkpoint_every", 0), ("run_index", 0)):
     if fv[flag].value < least:
       raise UserError(f"--{flag}={fv[flag].value}: must be at least {least}")
-  if fv.num_runs > 1:
-    return series.run_series(cfg, name, opts, fv.num_runs)
-  outputs.check_output(opts)
-  return train.run(cfg, name, opts)["exit_status"]
+  # One run at a time per output folder (its process 0 holds it: the one that writes there).
+  held = outputs.output_lock(opts.output_dir) if jax.process_index() == 0 else (
+      contextlib.nullcontext())
+  with held:
+    if fv.num_runs > 1:
+      return series.run_series(cfg, name, opts, fv.num_runs)
+    outputs.check_output(opts)
+    return train.run(cfg, name, opts)["exit_status"]
 
 
 def ending(fn: Callable[[list[str]], int], argv: list[str]) -> tuple[int, str | None]:
@@ -223,8 +246,26 @@ def ending(fn: Callable[[list[str]], int], argv: list[str]) -> tuple[int, str | 
     return lost.status, f"error: {lost}"
 
 
+# What a scheduler, a preempted VM or a closed terminal sends. Outside the training loop (which
+# records them and stops after a step with a checkpoint, `benchmarks.loop.stops`) they end the
+# process as Ctrl-C does: status 5, one line, and the `finally` clauses run (temporary folders
+# removed), where the default action would kill it with 128 + the signal's number.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+_STOPPED: list[int] = []    # the signal that `_stop` raised for, if one did
+
+
+def _stop(signum, frame):
+  _STOPPED.append(signum)
+  raise errors.Stopped(f"stopped by {signal.Signals(signum).name}; nothing was being trained, so "
+                       f"there was nothing to checkpoint: run the same command again")
+
+
 def run_main(fn):
   """Runs `fn(sys.argv)` (`ending`), writes its last words and exits with its status."""
+  for sig in STOP_SIGNALS:
+    signal.signal(sig, _stop)
   devices.skip_absent_tpu()
   code, last = ending(fn, sys.argv)
   if last is not None:
@@ -233,6 +274,12 @@ def run_main(fn):
     else:
       print(last, file=sys.stderr)
   sys.stdout.flush()
+  if _STOPPED and code == errors.EXIT_PREEMPTED:
+    # Raised wherever the main thread was, perhaps inside XLA's compiler called from jax: the
+    # `finally` clauses have run, but the runtime's teardown at a normal exit can then crash
+    # (SIGSEGV, seen when stopped while compiling), so the process ends without it.
+    sys.stderr.flush()
+    os._exit(code)
   multihost.exit_process(code)
 
 

@@ -33,6 +33,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 
 from absl import flags
 
@@ -72,6 +73,27 @@ def _logged(records: list[dict]) -> dict:
           for k in keys}
 
 
+# What the package reads of a summary.json, and the type of each.
+SUMMARY_FIELDS = {"benchmark": str, "mlperf_benchmark": str, "config": dict, "devices": int,
+                  "platform": str, "processes": int, "jax_version": str}
+
+
+def _check_summary(summary, path: str, log: str, logged_benchmark: str | None) -> None:
+  """The summary is a run's summary.json, of the same run as the log beside it: a dict with the
+  fields the package reads, of their types, and the benchmark the log names."""
+  bad = ([] if not isinstance(summary, dict) else
+         [k for k, t in SUMMARY_FIELDS.items() if not isinstance(summary.get(k), t)])
+  if not isinstance(summary, dict) or bad:
+    what = (f"lacks {', '.join(bad)} or has them of another type" if bad else
+            f"is a JSON {type(summary).__name__}, not an object")
+    raise UserError(f"{path} is not the summary.json of a meshperf run (it {what}); put the run's "
+                    f"own summary beside {os.path.basename(log)}, or run it again")
+  if logged_benchmark is not None and summary["mlperf_benchmark"] != logged_benchmark:
+    raise UserError(f"{path} is the summary of a {summary['mlperf_benchmark']} run, but "
+                    f"{os.path.basename(log)} logs {logged_benchmark}; put the run's own summary "
+                    f"beside its log")
+
+
 def gather(folders: list[str]) -> list[Run]:
   """The runs in the folders, ordered by run_start. Bad input (UserError): a missing folder, a
   folder without result logs, a log that is cut off or NOT A RESULT (interrupted or resumed:
@@ -102,7 +124,9 @@ def gather(folders: list[str]) -> list[Run]:
       except (OSError, ValueError):
         raise UserError(f"{log}: no readable {name} beside it (a run writes both); pass the "
                         f"run's whole --output_dir") from None
-      runs.append(Run(log, summary, res.run_time(log, records), _logged(records)))
+      logged = _logged(records)
+      _check_summary(summary, path, log, logged["benchmark"])
+      runs.append(Run(log, summary, res.run_time(log, records), logged))
   for key in ("benchmark", "division", "platform"):
     seen = {}
     for r in runs:
@@ -492,8 +516,27 @@ def main(argv: list[str]) -> int:
       print(f"  --{name}: {FV[name].help}")
     return 0
   p = plan(argv)
-  w = write(p)
-  return report(p, w, check(p, w))
+  return report(p, *_write_whole(p))
+
+
+def _write_whole(p: dict) -> tuple[dict, list[Verdict]]:
+  """Writes the package into a temporary folder beside --output_dir and renames it there only
+  when it is whole, so a failure or a signal never leaves a half-written package; then checks
+  it where it lies."""
+  final = os.path.abspath(p["out"])
+  parent = os.path.dirname(final)
+  os.makedirs(parent, exist_ok=True)
+  tmp = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(final)}.partial-")
+  try:
+    w = write({**p, "out": tmp})
+    if os.path.isdir(final):
+      os.rmdir(final)              # empty (`plan` checked); rename takes its place
+    os.rename(tmp, final)
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
+  w = {k: v.replace(tmp, final, 1) if isinstance(v, str) and v.startswith(tmp) else v
+       for k, v in w.items()}
+  return w, check(p, w)
 
 
 def run_main(argv: list[str]) -> None:

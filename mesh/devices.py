@@ -44,7 +44,39 @@ def skip_absent_tpu() -> None:
   jax.config.update("jax_platforms", "cuda,cpu" if cuda else "cpu")
 
 
-def check_xla_flags(flags: str, base: str = "") -> str:
+def start_backend() -> None:
+  """Starts jax's devices now, where a failure is the user's to fix: a JAX_PLATFORMS naming a
+  backend this machine lacks (jax raises a bare AssertionError, or a RuntimeError) is one line."""
+  import jax
+  try:
+    jax.devices()
+  except (RuntimeError, AssertionError) as e:
+    want = os.environ.get("JAX_PLATFORMS")
+    if not want:
+      raise
+    why = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}" if str(e) else "no such backend"
+    raise UserError(f"JAX_PLATFORMS={want}: jax cannot start that backend on this machine "
+                    f"({why}); unset JAX_PLATFORMS to use the devices it has, or install the "
+                    f"backend's JAX wheels (./run.sh install tpu|cuda12|cuda13)") from None
+
+
+def check_env_xla_flags() -> None:
+  """XLA_FLAGS as the environment sets it, tried before jax starts as `--xla_flags` are: XLA
+  aborts the process on a flag it does not know, with status 1 (an epoch limit's). Nothing to
+  try once jax's backends have started (XLA has read them) or for the simulated-device count
+  this project sets itself; tried once per process for the same flags."""
+  flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
+                   if not f.startswith("--xla_force_host_platform_device_count"))
+  from jax._src import xla_bridge
+  if flags and not xla_bridge.backends_are_initialized() and flags not in _TRIED:
+    check_xla_flags(flags, what="XLA_FLAGS")
+    _TRIED.add(flags)
+
+
+_TRIED: set[str] = set()
+
+
+def check_xla_flags(flags: str, base: str = "", what: str = "--xla_flags") -> str:
   """`base` (XLA_FLAGS as it is) with `flags` appended, once XLA has taken them: XLA aborts a
   process on a flag it does not know, so they are tried in a child process (CPU only, about a
   second) and a flag it refuses is a UserError, in one line."""
@@ -52,11 +84,11 @@ def check_xla_flags(flags: str, base: str = "") -> str:
   import sys
   bad = [f for f in flags.split() if not re.match(r"--xla_[a-z0-9_]+(=\S*)?$", f)]
   if bad:
-    raise UserError(f"--xla_flags: {bad[0]!r} is not an XLA flag (write --xla_<name>[=value], "
+    raise UserError(f"{what}: {bad[0]!r} is not an XLA flag (write --xla_<name>[=value], "
                     "separated by spaces)")
   tpu = [f for f in flags.split() if f.startswith("--xla_tpu_")]
   if tpu:
-    raise UserError(f"--xla_flags={flags}: {tpu[0]} is a flag of the TPU compiler (libtpu), "
+    raise UserError(f"{what}={flags}: {tpu[0]} is a flag of the TPU compiler (libtpu), "
                     f"which reads LIBTPU_INIT_ARGS, not XLA_FLAGS: set LIBTPU_INIT_ARGS instead")
   merged = " ".join(base.split() + flags.split())
   try:
@@ -64,7 +96,7 @@ def check_xla_flags(flags: str, base: str = "") -> str:
                            env={**os.environ, "XLA_FLAGS": merged, "JAX_PLATFORMS": "cpu"},
                            capture_output=True, text=True, check=False, timeout=300)
   except subprocess.TimeoutExpired:
-    raise UserError(f"--xla_flags={flags}: trying them in a child process took over 300 s"
+    raise UserError(f"{what}={flags}: trying them in a child process took over 300 s"
                     ) from None
   if probe.returncode != 0:
     unknown = [line.split("XLA_FLAGS:", 1)[1].strip() for line in probe.stderr.splitlines()
@@ -72,7 +104,8 @@ def check_xla_flags(flags: str, base: str = "") -> str:
     import jax
     why = (f"the XLA of jax {jax.__version__} does not know {unknown[0]}" if unknown
            else f"XLA stopped on them ({' '.join(probe.stderr.split()[-12:])})")
-    raise UserError(f"--xla_flags={flags} (with XLA_FLAGS={base!r}): {why}; drop it, or see "
+    with_base = f" (with XLA_FLAGS={base!r})" if base else ""
+    raise UserError(f"{what}={flags}{with_base}: {why}; drop it, or see "
                     "https://openxla.org/xla/flags_guidance for the flags XLA has")
   return merged
 

@@ -8,7 +8,8 @@ EXIT_EPOCH_LIMIT = 1    # stopped at --max_epochs without reaching the target
 EXIT_BAD_INPUT = 2      # bad input: one `error:` line, nothing trained, nothing left behind
 EXIT_CRASHED = 3        # an unexpected error (a bug): its traceback is printed
 EXIT_DIVERGED = 4       # a non-finite loss: run_stop aborted, the last good checkpoint kept
-EXIT_PREEMPTED = 5      # SIGTERM or SIGINT: the step finished, a checkpoint written, resumable
+EXIT_PREEMPTED = 5      # SIGTERM, SIGHUP or SIGINT: in training, the step finished and a
+                        # checkpoint written (resumable); before it, nothing to save
 EXIT_PEER_LOST = 6      # multi-host: the coordinator or another process was lost or unreachable
 EXIT_CHECKPOINT = 7     # a checkpoint could not be written (e.g. a full disk); the previous kept
 
@@ -24,6 +25,12 @@ class RunEnded(Exception):
   """A run that stopped for a reason the user must act on (not a bug): entry points print
   `error: <message>` and exit with `status`, no traceback."""
   status = EXIT_CRASHED
+
+
+class Stopped(RunEnded):
+  """SIGTERM or SIGHUP outside the training loop (the setup, compiling, a verb's own work):
+  nothing was being trained, so there is nothing to checkpoint; the same command starts again."""
+  status = EXIT_PREEMPTED
 
 
 class PeerLost(RunEnded):

@@ -10,8 +10,10 @@ names is not split.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import re
+from typing import Iterable
 
 from mesh.errors import UserError
 
@@ -87,6 +89,18 @@ class Layout:
           raise UserError(
               f"layout rule '{dim}:{'+'.join(axes)}' names mesh axis '{axis}', but the mesh "
               f"'{mesh}' has axes {', '.join(mesh.names)}")
+
+  def check_dimensions(self, dims: Iterable[str], model: str) -> None:
+    """Every rule names a logical dimension `model` has: a misspelt one (`bacth:data`) would
+    split nothing, so every device would compute the whole batch and the run would train as if
+    the layout were empty."""
+    dims = tuple(dims)
+    for dim, axes in self.rules:
+      if dim not in dims:
+        near = difflib.get_close_matches(dim, dims, n=1)
+        hint = f"did you mean '{near[0]}'? " if near else ""
+        raise UserError(f"layout rule '{dim}:{'+'.join(axes)}' names dimension '{dim}', which "
+                        f"{model} does not have; {hint}its dimensions are {', '.join(dims)}")
 
   def __str__(self) -> str:
     return ";".join(f"{d}:{'+'.join(a)}" for d, a in self.rules)

@@ -21,6 +21,7 @@ import pytest
 from benchmarks.common import grammar, weights
 from benchmarks.lm.data import write_lm1b
 from benchmarks.transformer.data import write_wmt14
+from mesh.errors import UserError
 from tests import helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -99,6 +100,25 @@ def inputs(tmp_path_factory, coco, imagenet_dir):
   jpeg = root / "coco_cut_jpeg" / "val2017" / d["val_jpeg"]
   jpeg.write_bytes(jpeg.read_bytes()[:jpeg.stat().st_size // 2])   # a copy cut short
   (root / "coco_missing_jpeg" / "val2017" / d["val_jpeg"]).unlink()
+  # Annotations a run would read wrong: a NaN box, a validation image listed twice; and a
+  # training image (one with objects, so the run would read it) gone from its folder.
+  for name in ("coco_nan_box", "coco_twice", "coco_missing_train"):
+    d[name] = str(shutil.copytree(coco_root, root / name))
+  path = root / "coco_nan_box" / "annotations" / "instances_train2017.json"
+  train = json.loads(path.read_text())
+  train["annotations"][3]["bbox"][2] = float("nan")
+  d["nan_annotation"] = train["annotations"][3]["id"]
+  path.write_text(json.dumps(train))      # NaN: the JSON extension Python and COCO tools read
+  path = root / "coco_twice" / "annotations" / "instances_val2017.json"
+  val = json.loads(path.read_text())
+  val["images"].append(dict(val["images"][1]))
+  d["twice_id"] = val["images"][1]["id"]
+  path.write_text(json.dumps(val))
+  with_objects = {a["image_id"] for a in train["annotations"]}
+  gone = next(im for im in train["images"] if im["id"] in with_objects)
+  (root / "coco_missing_train" / "train2017" / gone["file_name"]).unlink()
+  d["train_jpeg"] = gone["file_name"]
+  d["imagenet"] = str(imagenet_dir)
   # Files that are not what a flag wants.
   (root / "notes.txt").write_text("a text file, not a sentencepiece model or a log\n")
   d["text_file"] = str(root / "notes.txt")
@@ -117,6 +137,20 @@ def inputs(tmp_path_factory, coco, imagenet_dir):
   (root / "uneven").mkdir()
   (root / "uneven" / "train.en").write_text("".join(s + "\n" for s in en))
   (root / "uneven" / "train.de").write_text("".join(s + "\n" for s in de[:-1]))
+  # Text that is not UTF-8 (Latin-1 umlauts), and a folder where a corpus file belongs.
+  (root / "latin1").mkdir()
+  for split, lang in (("train", "en"), ("train", "de"), ("dev", "en"), ("dev", "de")):
+    (root / "latin1" / f"{split}.{lang}").write_text("ein satz\n", encoding="utf-8")
+  (root / "latin1" / "train.de").write_bytes("ein satz\nf\u00fcr m\u00fcnchen\n".encode("latin-1"))
+  (root / "en_folder").mkdir()
+  (root / "en_folder" / "train.en").mkdir()
+  (root / "latin1_lm").mkdir()
+  (root / "latin1_lm" / "train.txt").write_bytes("gr\u00fc\u00dfe\n".encode("latin-1"))
+  (root / "latin1_lm" / "eval.txt").write_text("a sentence\n")
+  # Output paths that can never be made: a dangling link, a loop of links, a name too long.
+  (root / "dangling").symlink_to(root / "no-such-target")
+  (root / "loop_a").symlink_to(root / "loop_b")
+  (root / "loop_b").symlink_to(root / "loop_a")
   (root / "empty_lm").mkdir()
   (root / "empty_lm" / "train.txt").write_text("\n\n")
   (root / "empty_lm" / "eval.txt").write_text("a sentence\n")
@@ -139,7 +173,8 @@ def inputs(tmp_path_factory, coco, imagenet_dir):
            "mesh": "x:8,y:4", "global_batch_size": 4096, "train_steps": 10}
   for name, change in (("bert", {"benchmark": "bert"}), ("topology", {"topology": "v9:4x4"}),
                        ("batch", {"global_batch_size": 100}), ("mesh", {"mesh": "x:8,y:8"}),
-                       ("steps", {"train_steps": None}), ("field", {"overrides": {"bogus": 1}})):
+                       ("steps", {"train_steps": None}), ("field", {"overrides": {"bogus": 1}}),
+                       ("dimension", {"overrides": {"layout": "bacth:x+y"}})):
     bad = {k: v for k, v in {**point, **change}.items() if v is not None}
     (root / f"points_{name}.json").write_text(json.dumps({"points": [bad]}))
     d[f"points_{name}"] = str(root / f"points_{name}.json")
@@ -302,7 +337,7 @@ CASES = [
     ("scale", ["transformer", "--chips=16", "--plot={unwritable}/scale.png"],
      "--plot={unwritable}/scale.png: cannot write in"),
     ("main", ["resnet", "--base_learning_rate=0"], "--base_learning_rate=0.0: must be positive"),
-    ("main", ["resnet", "--base_learning_rate=nan"], "--base_learning_rate=nan: must be positive"),
+    ("main", ["resnet", "--base_learning_rate=nan"], "--base_learning_rate=nan: give a finite"),
     ("main", ["resnet", "--end_learning_rate=-0.1"], "--end_learning_rate=-0.1: must be >= 0"),
     ("main", ["transformer", "--base_learning_rate=-1"],
      "--base_learning_rate=-1.0: must be positive"),
@@ -382,6 +417,48 @@ CASES = [
     ("main", ["resnet", "--profile_steps=-1:2"], "--profile_steps=-1:2: global steps count from 0"),
     ("main", ["resnet", "--profile_steps=0:100000"],
      "--profile_steps=0:100000: the run has 880 steps"),
+    # --- runs that cannot mean anything, refused before run_start (issue: reliability) --------
+    ("main", ["resnet", "--layout=bacth:data"], "layout rule 'bacth:data' names dimension "
+     "'bacth', which resnet does not have; did you mean 'batch'?"),
+    ("main", ["transformer", "--mesh=data:4,model:2", "--layout=batch:data;head:model"],
+     "names dimension 'head', which transformer does not have; did you mean 'heads'?"),
+    ("sweep", ["ssd", "--layouts=batch:data|hieght:data"],
+     "names dimension 'hieght', which ssd does not have; did you mean 'height'?"),
+    ("scale", ["all", "--points={points_dimension}"],
+     "point p: layout rule 'bacth:x+y' names dimension 'bacth'"),
+    ("main", ["lm", "--target_log_perplexity=nan"], "--target_log_perplexity=nan: give a finite"),
+    ("main", ["transformer", "--label_smoothing=inf"], "--label_smoothing=inf: give a finite"),
+    ("main", ["resnet", "--num_classes=5"],
+     "--num_classes=5: the digits dataset has 10 classes (labels 0..9); pass --num_classes=10"),
+    ("main", ["resnet", "--dataset=imagenet", "--data_dir={imagenet}", "--num_classes=100",
+              "--global_batch_size=8"], "--num_classes=100: imagenet2012 in {imagenet} has 1000"),
+    ("main", ["resnet", "--dataset=synthetic", "--synthetic_examples=40"],
+     "--dataset=synthetic: 40 examples an epoch (--synthetic_examples) are fewer than one batch "
+     "(--global_batch_size=64)"),
+    ("main", ["resnet", "--seed=18446744073709551616"], "seeds are 32-bit, at most 4294967295"),
+    ("main", ["resnet", "--num_runs=3", "--seed=4294967295"],
+     "run i of the series takes seed --seed + i, up to 4294967297"),
+    ("main", ["resnet", "--max_epochs=100000000000000"], "--max_epochs=100000000000000: at most"),
+    ("main", ["resnet", "--num_runs=100000000000000"], "--num_runs=100000000000000: at most 1000"),
+    # --- broken data, found before the expensive part ------------------------------------------
+    ("main", ["ssd", *SSD_COCO, "--data_dir={coco_nan_box}"],
+     "annotation {nan_annotation} (image"),
+    ("main", ["ssd", *SSD_COCO, "--data_dir={coco_twice}"],
+     "instances_val2017.json: image id {twice_id} is listed twice"),
+    ("main", ["ssd", *SSD_COCO, "--data_dir={coco_missing_train}"],
+     "training image {coco_missing_train}/train2017/{train_jpeg}"),
+    ("main", ["transformer", "--dataset=text", "--data_dir={root}/latin1", "--eval_split=dev"],
+     "train.de is not UTF-8 text: byte offset 10 (line 2) holds 0xfc"),
+    ("main", ["transformer", "--dataset=text", "--data_dir={root}/en_folder"],
+     "{root}/en_folder/train.en is a folder"),
+    ("main", ["lm", "--dataset=text", "--data_dir={root}/latin1_lm"],
+     "train.txt is not UTF-8 text: byte offset 2 (line 1) holds 0xfc"),
+    # --- output paths that can never be written, found before compiling ------------------------
+    ("main", ["resnet", "--output_dir={root}/dangling"],
+     "{root}/dangling is a symbolic link to {root}/no-such-target, which does not exist"),
+    ("main", ["resnet", "--output_dir={root}/loop_a/run"],
+     "{root}/loop_a is a symbolic link in a loop of links"),
+    ("main", ["resnet", "--output_dir={root}/" + "r" * 300], "is 300 bytes; the file system"),
 ]
 
 
@@ -505,3 +582,58 @@ def test_a_sweep_of_two_processes_is_refused_by_both(tmp_path):
     assert p.returncode == 2 and len(errors) == 1, err[-2000:]
     assert "runs in one process" in errors[0] and "Traceback" not in err
   assert not out.exists()
+
+
+# The environment a run starts in, wrong: each in a process of its own (jax reads it once).
+ENV_CASES = [
+    ({"JAX_PLATFORMS": "cuda"}, ["resnet", "--num_cpu_devices=0"],
+     "JAX_PLATFORMS=cuda: jax cannot start that backend on this machine"),
+    ({"XLA_FLAGS": "--xla_no_such_flag=1"}, ["resnet"],
+     "XLA_FLAGS=--xla_no_such_flag=1: the XLA of jax"),
+    ({"XLA_FLAGS": "xla_cpu_foo"}, ["resnet"], "XLA_FLAGS: 'xla_cpu_foo' is not an XLA flag"),
+    ({"MESHPERF_CACHE": "{unwritable}/cache"}, ["resnet"],
+     "MESHPERF_CACHE={unwritable}/cache: cannot write in"),
+]
+
+
+@pytest.mark.parametrize("env,args,needle", ENV_CASES, ids=[next(iter(e)) + " " + " ".join(a)
+                                                            for e, a, _ in ENV_CASES])
+def test_bad_environment(inputs, tmp_path, env, args, needle):
+  """Bad input from the environment is bad input too: one line, status 2 (not XLA's abort with
+  status 1, an epoch limit's, nor a traceback), nothing left behind."""
+  out, cwd = tmp_path / "out", tmp_path / "cwd"
+  cwd.mkdir()
+  full = dict(os.environ, PYTHONPATH=ROOT, MESHPERF_CACHE=str(tmp_path / "cache"))
+  full.pop("XLA_FLAGS", None)
+  full.update({k: v.format(**inputs) for k, v in env.items()})
+  p = subprocess.run(VERBS["main"] + args + [f"--output_dir={out}"], cwd=str(cwd), env=full,
+                     capture_output=True, text=True, timeout=300, check=False)
+  errors = [line for line in p.stderr.splitlines() if line.startswith("error: ")]
+  assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-3000:]
+  assert len(errors) == 1 and needle.format(**inputs) in errors[0], p.stderr[-3000:]
+  assert not out.exists() and os.listdir(cwd) == []
+
+
+def test_a_second_run_on_the_same_output_folder_refuses(tmp_path, monkeypatch):
+  """While a run holds its --output_dir (here this process holds the lock the run would), a
+  second run there refuses in one line before it compiles; the lock goes with its holder."""
+  from benchmarks.loop import outputs
+  cache, out, cwd = tmp_path / "cache", tmp_path / "out", tmp_path / "cwd"
+  cwd.mkdir()
+  monkeypatch.setenv("MESHPERF_CACHE", str(cache))
+  env = dict(os.environ, PYTHONPATH=ROOT)
+  env.pop("XLA_FLAGS", None)
+  with outputs.output_lock(str(out)):
+    with pytest.raises(UserError, match="another run"):       # the kernel's lock, per open file
+      with outputs.output_lock(str(out) + "/"):
+        pass
+    p = subprocess.run(VERBS["main"] + ["resnet", f"--output_dir={out}"], cwd=str(cwd), env=env,
+                       capture_output=True, text=True, timeout=300, check=False)
+    errors = [line for line in p.stderr.splitlines() if line.startswith("error: ")]
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-3000:]
+    assert errors == [f"error: --output_dir={out}: another run (process {os.getpid()}) is "
+                      f"writing there; wait for it to end, or choose another --output_dir"]
+    assert "compiled in" not in p.stdout and not out.exists()
+  assert not (cache / "locks").exists()          # released: the file and its folder removed
+  with outputs.output_lock(str(out)):             # and free again
+    pass

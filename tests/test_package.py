@@ -151,6 +151,49 @@ def test_a_resumed_log_is_never_packaged(series, tmp_path):
   assert not (tmp_path / "pkg").exists()
 
 
+DAMAGED_SUMMARIES = [
+    ('{"benchmark": "resnet", "conf', "no readable summary.json beside it"),
+    ("[1, 2]", "summary.json is not the summary.json of a meshperf run (it is a JSON list, not "
+               "an object)"),
+    ('{"benchmark": "resnet"}', "(it lacks mlperf_benchmark, config, devices, platform, "
+                                "processes, jax_version or has them of another type)"),
+    (None, "summary.json is the summary of a ssd run, but result_0.txt logs resnet"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("text,needle", DAMAGED_SUMMARIES, ids=["cut", "list", "fields", "ssd"])
+def test_a_damaged_or_foreign_summary_is_refused_in_one_line(series, tmp_path, text, needle):
+  out, _ = series
+  folder = tmp_path / "runs"
+  shutil.copytree(out, folder)
+  if text is None:                   # another benchmark's summary beside resnet's log
+    s = json.loads((folder / "summary.json").read_text())
+    text = json.dumps({**s, "benchmark": "ssd", "mlperf_benchmark": "ssd"})
+  (folder / "summary.json").write_text(text)
+  p = _package(folder, f"--output_dir={tmp_path / 'pkg'}")
+  errors = [line for line in p.stderr.splitlines() if line.startswith("error: ")]
+  assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-3000:]
+  assert len(errors) == 1 and needle in errors[0], p.stderr[-3000:]
+  assert sorted(os.listdir(tmp_path)) == ["runs"]          # no package, whole or partial
+
+
+@pytest.mark.slow
+def test_a_package_that_fails_midway_leaves_nothing(series, tmp_path, monkeypatch):
+  """The package is written in a temporary folder beside --output_dir and renamed there only
+  when whole: a failure while writing leaves neither."""
+  from logs import package
+  dest = tmp_path / "pkg"
+  p = package.plan([str(series[0]), f"--output_dir={dest}"])
+
+  def fail(*args):
+    raise OSError(28, "No space left on device")
+  monkeypatch.setattr(package, "write_implementation", fail)
+  with pytest.raises(OSError, match="No space left"):
+    package._write_whole(p)
+  assert os.listdir(tmp_path) == []
+
+
 @pytest.mark.slow
 def test_a_series_refuses_an_existing_result_before_any_run(tmp_path):
   (tmp_path / "result_1.txt").write_text("an earlier run\n")

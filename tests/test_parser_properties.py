@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 
 import optimizations
+from benchmarks import registry
 from mesh.errors import UserError
 from mesh.spec import Layout, MeshSpec, parse_layout, parse_mesh
 
@@ -198,6 +199,27 @@ def test_layout_check_against_a_mesh_raises_only_user_error(case):
     assert ok
   except UserError as e:
     assert not ok and len(str(e).splitlines()) == 1
+
+
+@FAST
+@given(st.sampled_from(sorted(registry.BENCHMARKS)), layout_rules(), st.data())
+def test_layout_check_against_the_models_dimensions(benchmark, rules, data):
+  """A layout is accepted iff every rule names one of the model's dimensions; a refusal is
+  one line that names the first unknown dimension (never a rule that would split nothing)."""
+  dims = registry.BENCHMARKS[benchmark].dimensions()
+  # Mostly the model's own names, sometimes a misspelling of one or any other name.
+  own, other = st.sampled_from(dims), st.one_of(NAMES, st.sampled_from([d[:-1] for d in dims]))
+  mixed = tuple((data.draw(st.one_of(own, own, own, other)), a) for _, a in rules)
+  names = [d for d, _ in mixed]
+  assume(len(set(names)) == len(names) and all(names))
+  lay = parse_layout(";".join(f"{d}:{'+'.join(a)}" for d, a in mixed))
+  unknown = [d for d in names if d not in dims]
+  try:
+    lay.check_dimensions(dims, benchmark)
+    assert not unknown
+  except UserError as e:
+    assert unknown and len(str(e).splitlines()) == 1
+    assert f"names dimension '{unknown[0]}', which {benchmark} does not have" in str(e)
 
 
 # --- --optimizations --------------------------------------------------------------------------

@@ -240,3 +240,45 @@ def test_resume_with_another_model_shape_is_bad_input(baseline, tmp_path):
   errors = [x for x in p.stderr.splitlines() if x.startswith("error: ")]
   assert len(errors) == 1 and "of shape" in errors[0] and "this model's is" in errors[0]
   assert sorted(os.listdir(out)) == before
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_signal_during_the_setup_ends_with_status_5_and_leaves_nothing(tmp_path, sig):
+  """Before training starts (here: while the step compiles) a stop signal ends the run with
+  status 5 and one line, not the default death by signal (143, 129); nothing is written."""
+  out = tmp_path / "run"
+  p = _start(f"--output_dir={out}")
+  rc, stdout, err = _kill_when(p, lambda line: line.startswith("resnet: mesh"), sig)
+  assert rc == 5, err[-3000:]
+  assert "Traceback" not in err and "compiled in" not in stdout
+  errors = [line for line in err.splitlines() if line.startswith("error: ")]
+  assert errors == [f"error: stopped by {sig.name}; nothing was being trained, so there was "
+                    f"nothing to checkpoint: run the same command again"], err[-3000:]
+  assert not out.exists()
+
+
+@pytest.mark.slow
+def test_sighup_mid_epoch_is_a_preemption_and_the_log_is_never_a_result(tmp_path):
+  """A closed terminal (SIGHUP) stops the run as SIGTERM does: the step, a checkpoint, status 5.
+  Its log, resumed or not, is not a result: `check` says so and `package` refuses it."""
+  out = tmp_path / "run"
+  p = _start(f"--output_dir={out}", "--nan_check_every=1")
+  rc, stdout, err = _kill_when(p, lambda line: (_step_of(line) or 0) >= 10, signal.SIGHUP)
+  assert rc == 5 and "Traceback" not in err, err[-3000:]
+  s = _summary(out)
+  assert s["ending"] == "preempted" and os.path.isdir(out / "checkpoints" / str(
+      s["last_checkpoint_step"]))
+  events = [json.loads(line.split(":::MLLOG", 1)[1]) for line in
+            (out / "result_0.txt").read_text().splitlines()]
+  assert [e["key"] for e in events[-2:]] == ["meshperf_interrupted", "run_stop"]
+  assert events[-2]["value"] == {"signal": "SIGHUP", "step": s["last_checkpoint_step"]}
+  p = subprocess.run([sys.executable, "-m", "logs.compliance", str(out)], cwd=ROOT,
+                     capture_output=True, text=True, timeout=600, check=False)
+  assert p.returncode == 1, p.stdout + p.stderr
+  assert (f"INTERRUPTED run (SIGHUP after step {s['last_checkpoint_step']}, never resumed)"
+          in p.stdout)
+  p = subprocess.run([sys.executable, "-m", "logs.package", str(out),
+                      f"--output_dir={tmp_path / 'package'}"], cwd=ROOT, capture_output=True,
+                     text=True, timeout=600, check=False)
+  assert p.returncode == 2 and "is NOT A RESULT: INTERRUPTED run (SIGHUP" in p.stderr, p.stderr
+  assert not (tmp_path / "package").exists()

@@ -2,6 +2,7 @@
 warm start from ResNet weights."""
 
 import dataclasses
+import os
 
 import jax
 import numpy as np
@@ -139,3 +140,20 @@ def test_described_coco_has_the_read_batches_shapes(coco):
   helpers.assert_described_like_read(described, data_lib.make(cfg, anchors)[0])
   assert (described.num_train, described.num_eval) == (117266, 5000)
   assert data_lib.describe(cfg_for(coco[0]), len(anchors)) is None
+
+
+def test_a_killed_writers_partial_dataset_is_removed_and_a_live_ones_kept(tmp_path):
+  """`shapes.ensure` writes into `.shapes-<pid>-*` and renames it when whole; the folder of a
+  writer that died before its rename (SIGKILL) is removed by the next writer, a live one's kept."""
+  import subprocess
+  import sys
+
+  from benchmarks.ssd import shapes
+  dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                        capture_output=True, text=True, check=True).stdout.strip()
+  (tmp_path / f".shapes-{dead}-abc123").mkdir()                  # its writer is gone
+  (tmp_path / f".shapes-{dead}-abc123" / "annotations").mkdir()
+  (tmp_path / f".shapes-{os.getpid()}-live").mkdir()              # a writer still running
+  root = shapes.ensure(str(tmp_path / "coco"), 2, 1)
+  assert sorted(os.listdir(tmp_path)) == [f".shapes-{os.getpid()}-live", "coco"]
+  assert os.path.isfile(os.path.join(root, "annotations", "instances_val2017.json"))

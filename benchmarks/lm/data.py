@@ -35,6 +35,7 @@ from benchmarks.data import (
   padded,
   process_indices,
   subset_note,
+  text_lines,
 )
 from mesh.errors import UserError
 
@@ -90,11 +91,11 @@ def _read_text(cfg) -> Corpus:
   lines = {}
   for split in ("train", "eval"):
     path = os.path.join(cfg.data_dir, f"{split}.txt")
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
       raise UserError(f"--dataset=text: {path} is missing; --data_dir needs train.txt and "
                       f"eval.txt with one sentence (or document) per line")
-    with open(path, encoding="utf-8") as f:
-      lines[split] = [s for s in (line.strip() for line in f) if s]
+    lines[split] = [s for s in (line.strip() for line in text_lines(path, "--dataset=text"))
+                    if s]
     if not lines[split]:
       raise UserError(f"--dataset=text: {path} has no text; it needs one sentence per line")
   return Corpus(f"text ({cfg.data_dir})", lambda: iter([lines["train"]]),

@@ -10,14 +10,17 @@ its exit status (`mesh.errors`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
+import hashlib
 import json
 import math
 import os
 import shutil
 
 from logs import observe
-from mesh import errors
+from mesh import devices, errors
 from mesh.errors import UserError
 
 
@@ -159,3 +162,45 @@ def write_json(path: str, obj) -> None:
   with open(tmp, "w", encoding="utf-8") as f:
     json.dump(finite(obj), f, indent=2, allow_nan=False, default=float)
   os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def output_lock(output_dir: str):
+  """Holds `output_dir` for one run: a second run started on the same folder on this machine
+  refuses in one line, before it compiles, instead of crashing on the first run's files. The
+  lock is the kernel's (flock) on a file named by the folder's real path in the cache's
+  `locks/`, so it ends with the process however the process ends; the file is removed on
+  release (and the folder with its last file)."""
+  real = os.path.realpath(output_dir)
+  folder = os.path.join(devices.cache_root(), "locks")
+  path = os.path.join(folder, hashlib.sha256(real.encode()).hexdigest()[:24] + ".lock")
+  while True:
+    os.makedirs(folder, exist_ok=True)
+    try:
+      fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except FileNotFoundError:       # another run removed the emptied folder just now
+      continue
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      holder = os.read(fd, 200).decode(errors="replace").split(" ")[0] or "?"
+      os.close(fd)
+      raise UserError(f"--output_dir={output_dir}: another run (process {holder}) is writing "
+                      f"there; wait for it to end, or choose another --output_dir") from None
+    try:     # the holder before may have removed the file between our open and our flock
+      same = os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+      same = False
+    if same:
+      break
+    os.close(fd)
+  os.ftruncate(fd, 0)
+  os.write(fd, f"{os.getpid()} {real}\n".encode())
+  try:
+    yield
+  finally:
+    with contextlib.suppress(OSError):
+      os.unlink(path)
+    os.close(fd)
+    with contextlib.suppress(OSError):
+      os.rmdir(folder)

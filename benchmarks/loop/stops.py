@@ -1,11 +1,12 @@
 """Why a run stops early, watched without a host sync per step.
 
-- `Signals`: SIGTERM (what a preempted TPU VM or a batch scheduler sends) and SIGINT (Ctrl-C)
-  only set a flag; the loop finishes the step it is in, writes a checkpoint, logs `run_stop`
-  aborted and exits with status 5 (`mesh.errors.EXIT_PREEMPTED`). A second SIGINT interrupts at
-  once (KeyboardInterrupt) for a user who will not wait. With several processes the flag is
-  agreed at each metrics fetch (an all-gather of one integer), so every process stops after the
-  same step and the checkpoint save, a collective, cannot hang.
+- `Signals`: SIGTERM (what a preempted TPU VM or a batch scheduler sends), SIGHUP (a closed
+  terminal or ssh session) and SIGINT (Ctrl-C) only set a flag; the loop finishes the step it
+  is in, writes a checkpoint, logs `meshperf_interrupted` and `run_stop` aborted and exits with
+  status 5 (`mesh.errors.EXIT_PREEMPTED`). A second SIGINT interrupts at once
+  (KeyboardInterrupt) for a user who will not wait. With several processes the flag is agreed
+  at each metrics fetch (an all-gather of one integer), so every process stops after the same
+  step and the checkpoint save, a collective, cannot hang.
 - `MetricsWindow`: the step's metrics stay on the device; every `every` steps (and at the end of
   each block) the window's metrics come to the host in one fetch, and a non-finite loss there
   stops the run within `every` + `lag` steps of the first bad one, naming that step
@@ -36,12 +37,12 @@ class Stop:
 
 
 class Signals:
-  """SIGTERM/SIGINT handlers that record the signal instead of killing the process."""
+  """SIGTERM/SIGHUP/SIGINT handlers that record the signal instead of killing the process."""
 
   def __init__(self):
     self.received: str | None = None
     self._old = {}
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
       try:
         self._old[sig] = signal.signal(sig, self._handle)
       except ValueError:       # not the main thread (an in-process test): nothing to install

@@ -45,6 +45,7 @@ from benchmarks.loop.timeline import Block, batches, check_cadence, timeline
 from benchmarks.task import Spec, Task
 from logs import observe
 from logs.mlperf import C, MLPerfLog
+from logs.resumed import INTERRUPTED_KEY
 from mesh import errors
 from mesh.errors import UserError
 
@@ -366,6 +367,8 @@ def _train(r: Run) -> dict[str, Any]:
   finally:
     placed.close()
     run_s = time.time() - run_start
+    if out.ending == "preempted":    # never a result (`logs.resumed`), resumed or not
+      log.event(INTERRUPTED_KEY, {"signal": r.signals.received or "SIGINT", "step": out.step})
     log.end(C.RUN_STOP, metadata={C.STATUS: out.status})
     log.close()
     if out.stop is not None:

@@ -174,6 +174,8 @@ def check(point: Point, where: str) -> None:
     topo = topology.parse(point.topology)
     mesh = parse_mesh(cfg.mesh)
     layout = parse_layout(cfg.layout)
+    layout.check_dimensions(registry.BENCHMARKS[point.benchmark].dimensions(),
+                            point.benchmark)
   except UserError as e:
     raise UserError(f"{where}: {e}") from None
   try:

@@ -22,6 +22,7 @@ SPEC = Spec(mlperf_name="resnet",
             rulesets=("0.7.0", "1.0.0", "1.1.0", "2.0.0", "2.1.0", "3.0.0", "3.1.0", "4.0.0"),
             metric="top-1 accuracy", target_field="target_accuracy")
 DATASETS = ("digits", "imagenet", "synthetic")
+IMAGENET_TRAIN_EXAMPLES = 1281167   # ILSVRC 2012 training images
 OPTIMIZERS = ("lars", "sgd")
 
 
@@ -158,3 +159,9 @@ def validate(c: Config) -> None:
   require(c, ("model_width",), lambda v: v >= 1, "must be at least 1 channel")
   require(c, ("bn_span", "synthetic_examples"), lambda v: v >= 0,
           "must be >= 0 (0: the default)")
+  if c.dataset == "synthetic":
+    examples = c.synthetic_examples or IMAGENET_TRAIN_EXAMPLES
+    if examples < c.global_batch_size:
+      raise UserError(f"--dataset=synthetic: {examples:,} examples an epoch "
+                      f"(--synthetic_examples) are fewer than one batch (--global_batch_size="
+                      f"{c.global_batch_size}); give at least one batch's worth")

@@ -23,13 +23,14 @@ from benchmarks.data import (
   process_indices,
   subset_note,
 )
+from benchmarks.resnet.config import IMAGENET_TRAIN_EXAMPLES
 from mesh.errors import UserError
 
 NAMES = {"image": ("batch", "height", "width", None), "label": ("batch",),
          "mask": ("batch",)}
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32) * 255
 IMAGENET_STD = np.array([0.229, 0.224, 0.225], np.float32) * 255
-IMAGENET_TRAIN = 1281167
+IMAGENET_TRAIN = IMAGENET_TRAIN_EXAMPLES
 IMAGENET_EVAL = 50000      # ILSVRC 2012 validation images (MLPerf evaluates on all of them)
 
 
@@ -82,8 +83,17 @@ def _shift(images: np.ndarray, dy: np.ndarray, dx: np.ndarray, max_shift: int) -
   return np.stack([padded_im[i, dy[i]:dy[i] + h, dx[i]:dx[i] + w] for i in range(n)])
 
 
+def check_classes(classes: int | None, cfg, where: str) -> None:
+  """The classifier has a logit for each class the data's labels name: with fewer, a label past
+  the last logit is a loss that cannot fall and an accuracy that cannot count it."""
+  if classes is not None and cfg.num_classes < classes:
+    raise UserError(f"--num_classes={cfg.num_classes}: {where} has {classes} classes (labels 0.."
+                    f"{classes - 1}); pass --num_classes={classes}")
+
+
 def _digits(cfg, local_batch, local_eval, pi, pc) -> Data:
   tx, ty, ex, ey = load_digits(cfg.image_size)
+  check_classes(int(max(ty.max(), ey.max())) + 1, cfg, "the digits dataset")
   steps = len(ty) // cfg.global_batch_size
   if steps == 0:
     raise UserError(f"--global_batch_size={cfg.global_batch_size} is larger than the "
@@ -118,8 +128,11 @@ def _synthetic(cfg, local_batch, local_eval) -> Data:
   shape = (local_batch, cfg.image_size, cfg.image_size, 3)
   batch = {"image": rng.standard_normal(shape, np.float32),
            "label": rng.integers(0, cfg.num_classes, local_batch).astype(np.int32)}
-  ev = {"image": batch["image"][:local_eval], "label": batch["label"][:local_eval],
-        "mask": np.ones(min(local_eval, local_batch), np.float32)}
+  # Evaluated on a batch of its own, drawn after the training batch: never on examples it
+  # trained on (random labels: accuracy near 1 / num_classes, as it should be).
+  ev = {"image": rng.standard_normal((local_eval,) + shape[1:], np.float32),
+        "label": rng.integers(0, cfg.num_classes, local_eval).astype(np.int32),
+        "mask": np.ones(local_eval, np.float32)}
 
   def train(epoch):
     del epoch
@@ -210,6 +223,14 @@ def _absl_flags_parsed() -> None:
     flags.FLAGS.mark_as_parsed()
 
 
+def _label_classes(source) -> int | None:
+  """The classes of a tfds source's `label` (its ClassLabel feature), None if it has none."""
+  try:
+    return int(source.dataset_info.features["label"].num_classes)
+  except (AttributeError, KeyError, TypeError):
+    return None
+
+
 def _imagenet(cfg, local_batch, local_eval, pi, pc) -> Data:
   import grain
   prepare = ("`./run.sh prepare imagenet --from=<folder of ILSVRC2012_img_train.tar and "
@@ -218,6 +239,7 @@ def _imagenet(cfg, local_batch, local_eval, pi, pc) -> Data:
   train_src = open_tfds(cfg.data_dir, "imagenet2012", "train", "imagenet", prepare, ("image",))
   eval_src = open_tfds(cfg.data_dir, "imagenet2012", "validation", "imagenet", prepare,
                        ("image",))
+  check_classes(_label_classes(train_src), cfg, f"imagenet2012 in {cfg.data_dir}")
   steps = len(train_src) // cfg.global_batch_size
   if steps == 0:
     raise UserError(f"--global_batch_size={cfg.global_batch_size} is larger than the "

@@ -81,11 +81,15 @@ def parse_layouts(text: str | None, mesh: str, layout: str, named: dict | None =
   return out
 
 
-def check_placements(placements: list[Placement], num_devices: int) -> None:
-  """Each placement's mesh covers the devices and its layout names only the mesh's axes."""
+def check_placements(placements: list[Placement], num_devices: int, dims: tuple[str, ...],
+                     benchmark: str) -> None:
+  """Each placement's mesh covers the devices and its layout names only the mesh's axes and
+  the benchmark's dimensions (`dims`)."""
   for p in placements:
     try:
-      parse_layout(p.layout).check_against(parse_mesh(p.mesh).resolve(num_devices))
+      layout = parse_layout(p.layout)
+      layout.check_dimensions(dims, benchmark)
+      layout.check_against(parse_mesh(p.mesh).resolve(num_devices))
     except UserError as e:
       where = f"--layouts: {p.name} '{p.mesh}{MESH_SEPARATOR}{p.layout}'" if p.name else (
           f"--mesh={p.mesh} --layout={p.layout}")

@@ -111,7 +111,7 @@ def run(benchmark: str, cfg, sweep: Sweep, output_dir: str, command: str = "",
   devs = _devices(sweep)
   placements = grid.parse_layouts(sweep.layouts, cfg.mesh, cfg.layout,
                                         getattr(entry.config(), "LAYOUTS", {}))
-  grid.check_placements(placements, len(devs))
+  grid.check_placements(placements, len(devs), entry.dimensions(), benchmark)
   names = grid.grid(sweep.grid, cfg.optimizations, benchmark, entry.dimensions(),
                           placements, len(devs), say)
   variants = grid.variants(placements, names, cfg.optimizations)

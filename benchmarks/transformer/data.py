@@ -26,6 +26,7 @@ from benchmarks.data import (
   padded,
   process_indices,
   subset_note,
+  text_lines,
 )
 from mesh.errors import UserError
 
@@ -77,8 +78,7 @@ def _read_tfds(cfg) -> Corpus:
 
 
 def _read_lines(path: str) -> list[str]:
-  with open(path, encoding="utf-8") as f:
-    return [line.rstrip("\n") for line in f]
+  return text_lines(path, "--dataset=text")
 
 
 def _read_text(cfg) -> Corpus:
