@@ -43,6 +43,9 @@ RUN_FLAGS = (
      "--run_index) into result_K.txt ..., run i with seed --seed + i; then their times and "
      "olympic mean (MLPerf asks 5 for resnet and ssd, 10 for transformer and lm)."),
     ("float", "progress_every_s", 5.0, "Seconds between progress lines."),
+    ("float", "hang_timeout_s", 1800.0, "Seconds without progress (a step, a metrics fetch, an "
+     "evaluation batch, a checkpoint save) after which a stuck run ends with one line naming "
+     "the process and its last step, exit status 8; 0: never."),
     ("integer", "nan_check_every", 10, "Steps between fetches of the training metrics to the "
      "host (each fetch leaves the newest step on the device); a NaN or infinite loss stops the "
      "run within this many steps plus one (exit status 4)."),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import math
 import os
 import signal
 import sys
@@ -67,8 +68,9 @@ def _check_run_flags(name: str, fv: flags.FlagValues) -> None:
   for flag in ("run_index", "checkpoint_every"):
     if fv[flag].value < 0:
       raise UserError(f"--{flag}={fv[flag].value}: must be >= 0")
-  if not fv.progress_every_s >= 0:
-    raise UserError(f"--progress_every_s={fv.progress_every_s}: seconds, >= 0")
+  for flag in ("progress_every_s", "hang_timeout_s"):
+    if not 0 <= fv[flag].value < math.inf:
+      raise UserError(f"--{flag}={fv[flag].value}: seconds, >= 0")
   observe.parse_profile_steps(fv.profile_steps)   # its end against the run's steps: in setup
   _check_num_runs(fv)
   config_lib.check_writable("--output_dir", fv.output_dir or os.path.join("runs", name))
@@ -211,6 +213,7 @@ def main(argv: list[str]) -> int:
       submission_status=fv.submission_status, checkpoint_every=fv.checkpoint_every,
       submission_poc_name=fv.submission_poc_name, submission_entry=fv.submission_entry,
       resume=fv.resume, overwrite=fv.overwrite, progress_every_s=fv.progress_every_s,
+      hang_timeout_s=fv.hang_timeout_s,
       nan_check_every=fv.nan_check_every,
       profile_steps=observe.parse_profile_steps(fv.profile_steps))
   for flag, least in (("nan_check_every", 1), ("checkpoint_every", 0), ("run_index", 0)):

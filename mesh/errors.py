@@ -12,6 +12,7 @@ EXIT_PREEMPTED = 5      # SIGTERM, SIGHUP or SIGINT: in training, the step finis
                         # checkpoint written (resumable); before it, nothing to save
 EXIT_PEER_LOST = 6      # multi-host: the coordinator or another process was lost or unreachable
 EXIT_CHECKPOINT = 7     # a checkpoint could not be written (e.g. a full disk); the previous kept
+EXIT_HUNG = 8           # no progress for --hang_timeout_s (a stuck collective or data loader)
 
 
 class UserError(ValueError):
@@ -31,6 +32,11 @@ class Stopped(RunEnded):
   """SIGTERM or SIGHUP outside the training loop (the setup, compiling, a verb's own work):
   nothing was being trained, so there is nothing to checkpoint; the same command starts again."""
   status = EXIT_PREEMPTED
+
+
+class Hung(RunEnded):
+  """Alive but without progress for --hang_timeout_s (`benchmarks.loop.watchdog`)."""
+  status = EXIT_HUNG
 
 
 class PeerLost(RunEnded):

@@ -90,13 +90,13 @@ ENDING_GRACE_S = 30.0     # how long a second ending waits for the first to end 
 
 def claim_ending() -> bool:
   """True for the first of this process's threads to end it (the main thread's error handling in
-  `benchmarks.main.run_main`, a watchdog's `_die`): only that one writes the process's last
+  `benchmarks.main.run_main`, a watchdog's `die`): only that one writes the process's last
   words, so a lost peer seen by both at once is one `error:` line, not two. The others wait for
   it to end the process (`ENDING_GRACE_S`, then end it themselves, quietly)."""
   return _ENDING.acquire(blocking=False)
 
 
-def _die(error: RunEnded, claimed: bool = False) -> None:
+def die(error: RunEnded, claimed: bool = False) -> None:
   """Ends this process from any thread, as `benchmarks.main.run_main` ends a RunEnded error:
   one `error:` line and the error's status. For when the main thread is stuck in the runtime
   (waiting on a collective of a dead peer) and cannot raise. `claimed`: the caller holds
@@ -130,13 +130,13 @@ def _last_words_said() -> None:
 
 @contextlib.contextmanager
 def _deadline(deadline: float, error):
-  """Ends the process with `error()` (see `_die`) if the block has not finished by `deadline`
+  """Ends the process with `error()` (see `die`) if the block has not finished by `deadline`
   (time.monotonic()). jax's start blocks in C++ (releasing the GIL), so a timer can end it."""
   done = threading.Event()
 
   def watch():
     if not done.wait(max(0.0, deadline - time.monotonic())):
-      _die(error())
+      die(error())
 
   threading.Thread(target=watch, name="meshperf-start-deadline", daemon=True).start()
   try:
@@ -204,10 +204,10 @@ def _watch_peers(coordinator_address: str, timeout_s: float) -> None:
     # Claimed before telling the others: while process 0 waits for them to read it, they end,
     # and its main thread's collective fails; that second ending must not write its own line.
     if not claim_ending():
-      _die(error)                              # the main thread is ending the process already
+      die(error)                              # the main thread is ending the process already
     if me == 0 and not stop.is_set():          # tell the others why before the service goes
       _mark_failed(error.status, str(error), wait=count > 2)
-    _die(error, claimed=True)
+    die(error, claimed=True)
 
   def beat():
     start = time.monotonic()
@@ -225,7 +225,7 @@ def _watch_peers(coordinator_address: str, timeout_s: float) -> None:
           return
         failing_since = failing_since or now
         if now - failing_since > timeout_s:
-          _die(PeerLost(f"lost the coordinator at {coordinator_address} (process 0): no answer "
+          die(PeerLost(f"lost the coordinator at {coordinator_address} (process 0): no answer "
                         f"for {timeout_s:g} s (--coordinator_timeout_s; last: "
                         f"{str(e).strip().splitlines()[0][:200]}); {restart}"))
         stop.wait(interval)

@@ -352,7 +352,7 @@ def main(argv):
   go = threading.Event()
   def watchdog():
     go.wait()
-    multihost._die(errors.PeerLost("process 1 of 3 ended with status 3"))
+    multihost.die(errors.PeerLost("process 1 of 3 ended with status 3"))
   threading.Thread(target=watchdog, daemon=True).start()   # as the real watchdog
   go.set()
   raise errors.PeerLost("a collective with the other processes failed")

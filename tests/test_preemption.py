@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -282,3 +283,67 @@ def test_sighup_mid_epoch_is_a_preemption_and_the_log_is_never_a_result(tmp_path
                      text=True, timeout=600, check=False)
   assert p.returncode == 2 and "is NOT A RESULT: INTERRUPTED run (SIGHUP" in p.stderr, p.stderr
   assert not (tmp_path / "package").exists()
+
+
+@pytest.mark.slow
+def test_a_stuck_data_loader_is_caught_by_the_watchdog(imagenet_dir, tmp_path):
+  """A real stuck process: the ImageNet input's worker process (--data_workers=1) is stopped
+  with SIGSTOP mid-training, so the run waits on a batch that never comes. Within
+  --hang_timeout_s the run ends with status 8 and one line naming the process and its last
+  step; summary.json and the log's run_stop agree."""
+  out = tmp_path / "run"
+  p = subprocess.Popen(
+      [sys.executable, "-m", "benchmarks.main", "resnet", "--config=tiny", "--dataset=imagenet",
+       f"--data_dir={imagenet_dir}", "--num_classes=1000", "--global_batch_size=8",
+       "--eval_batch_size=8", "--max_epochs=50", "--data_workers=1", "--hang_timeout_s=6",
+       "--progress_every_s=0", "--nan_check_every=1", f"--output_dir={out}"],
+      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  for line in p.stdout:
+    if (_step_of(line) or 0) >= 10:
+      break
+  workers = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True,
+                           check=False).stdout.split()
+  assert workers, "no input worker process to stop"
+  try:
+    for pid in workers:
+      os.kill(int(pid), signal.SIGSTOP)
+    rc = p.wait(timeout=120)
+  finally:
+    for pid in workers:            # they hold the pipes; the run is over either way
+      try:
+        os.kill(int(pid), signal.SIGKILL)
+      except ProcessLookupError:
+        pass
+  _, err = p.communicate(timeout=60)
+  assert rc == 8, err[-3000:]
+  errors = [line for line in err.splitlines() if line.startswith("error: ")]
+  assert len(errors) == 1 and "Traceback" not in err, err[-3000:]
+  assert errors[0].startswith("error: process 0 of 1: no progress for ")
+  assert "(--hang_timeout_s=6) after step " in errors[0] and "while reading the batch" in errors[0]
+  s = _summary(out)
+  assert s["ending"] == "hung" and s["exit_status"] == 8 and s["error"] in errors[0]
+  last = json.loads((out / "result_0.txt").read_text().strip().splitlines()[-1].split(
+      ":::MLLOG", 1)[1])
+  assert last["key"] == "run_stop" and last["metadata"]["status"] == "aborted"
+
+
+def test_the_watchdog_waits_while_marks_come_and_fires_once_they_stop(monkeypatch):
+  """The watchdog itself, with a short timeout: marks keep it quiet; without them it calls
+  `on_hang` once with the last step and what the run was doing, then ends the process (here
+  the ending is caught)."""
+  from benchmarks.loop import watchdog as wd
+  got, died = [], []
+  monkeypatch.setattr(wd.multihost, "claim_ending", lambda: True)
+  monkeypatch.setattr(wd.multihost, "die", lambda error, claimed=False: died.append(error))
+  w = wd.Watchdog(0.6, "process 0 of 1", got.append, poll_s=0.05)
+  try:
+    for step in range(10):                  # 1 s of steps 0.1 s apart: no alarm
+      w.mark(step=step + 1, doing=f"training step {step + 2}")
+      time.sleep(0.1)
+    assert got == [] and died == []
+    w.mark(doing="evaluating (epoch 1)")
+    time.sleep(1.5)
+  finally:
+    w.close()
+  assert len(got) == 1 and "after step 10, while evaluating (epoch 1)" in got[0]
+  assert len(died) == 1 and died[0].status == 8 and str(died[0]).startswith(got[0])

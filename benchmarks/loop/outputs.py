@@ -39,6 +39,7 @@ class RunOptions:
   resume: bool = False
   overwrite: bool = False
   progress_every_s: float = 5.0
+  hang_timeout_s: float = 1800.0    # no progress for this long: the run ends, status 8; 0: never
   nan_check_every: int = 10         # steps between metric fetches (a NaN stops the run within, +1)
   prefetch: int = 2                 # batches prepared and placed on the devices ahead of the step
   quiet: bool = False
@@ -85,6 +86,7 @@ def log_path(opts: RunOptions) -> str:
 # How a run ended (summary.json "ending") and its exit status (mesh.errors, docs/outputs.md).
 ENDINGS = {"success": errors.EXIT_SUCCESS, "epoch_limit": errors.EXIT_EPOCH_LIMIT,
            "crashed": errors.EXIT_CRASHED, "diverged": errors.EXIT_DIVERGED,
+           "hung": errors.EXIT_HUNG,
            "preempted": errors.EXIT_PREEMPTED, "peer_lost": errors.EXIT_PEER_LOST,
            "checkpoint_failed": errors.EXIT_CHECKPOINT}
 FINISHED = ("success", "epoch_limit")

@@ -42,6 +42,7 @@ from benchmarks.loop.step import Program, global_batch
 from benchmarks.loop.step import evaluate as evaluate_stats
 from benchmarks.loop.throughput import Throughput, device_peak
 from benchmarks.loop.timeline import Block, batches, check_cadence, timeline
+from benchmarks.loop.watchdog import Watchdog
 from benchmarks.task import Spec, Task
 from logs import observe
 from logs.mlperf import C, MLPerfLog
@@ -116,6 +117,7 @@ class Steps:
   progress: Progress
   signals: stops.Signals
   observer: Any = observe.NOTHING
+  watchdog: Watchdog | None = None     # marked at each step and fetch (a stuck run is caught)
 
 
 def train_block(steps: Steps, state, block: Block, batches, window: stops.MetricsWindow):
@@ -124,11 +126,14 @@ def train_block(steps: Steps, state, block: Block, batches, window: stops.Metric
   batch). Metrics are fetched once per window (and handed to the observer's TensorBoard events
   then)."""
   progress, spec, log, observer = steps.progress, steps.spec, steps.log, steps.observer
+  mark = steps.watchdog.mark if steps.watchdog else (lambda *a, **k: None)
   per_epoch = progress.steps_per_epoch
   metrics: dict = {}
   single = jax.process_count() == 1
   for k in range(block.steps):
+    mark(doing=f"reading the batch of step {block.first_step + k + 1}")
     step, batch = next(batches)
+    mark(doing=f"training step {step + 1}")
     epoch, i = divmod(step, per_epoch)
     if spec.cadence == "epochs" and (i == 0 or k == 0 and block.first_step % per_epoch):
       log.start(C.EPOCH_START, metadata={C.EPOCH_NUM: epoch + 1})
@@ -142,7 +147,10 @@ def train_block(steps: Steps, state, block: Block, batches, window: stops.Metric
     if window.full() or last or asked:
       got = asked or (None if single else steps.signals.agreed())
       # A stop (the block's end, a signal) takes every pending step; else the newest stays.
+      mark(doing=f"waiting for the devices to finish steps up to {step + 1}")
       metrics, stop = window.fetch(progress.step_times, drain=bool(last or got))
+      if window.fetched:
+        mark(step=window.fetched[-1][0] + 1)
       progress.weights.extend(float(m.get("weight", float("nan"))) for _, m in window.fetched)
       observer.window(window.fetched, progress.step_times, progress.rates)
       if stop is not None:
@@ -156,11 +164,15 @@ def train_block(steps: Steps, state, block: Block, batches, window: stops.Metric
   return state, metrics, None
 
 
-def evaluate(program: Program, task: Task, state, block: Block, log: MLPerfLog):
+def evaluate(program: Program, task: Task, state, block: Block, log: MLPerfLog,
+             watchdog: Watchdog | None = None):
   """One evaluation over the whole eval set, between its MLPerf events: (quality, seconds)."""
   log.start(C.EVAL_START, metadata=block.at)
   t = time.time()
-  quality = task.quality(evaluate_stats(program, state, task.data.eval()))
+  batches = task.data.eval()
+  if watchdog is not None:
+    batches = watchdog.each(batches, f"evaluating ({block.label})")
+  quality = task.quality(evaluate_stats(program, state, batches))
   eval_s = time.time() - t
   log.event(C.EVAL_ACCURACY, quality, metadata=block.at)
   log.end(C.EVAL_STOP, metadata=block.at)
@@ -315,7 +327,17 @@ def _train(r: Run) -> dict[str, Any]:
   out = Outcome(step=step)
   progress = Progress(cfg.max_epochs * data.steps_per_epoch, data.steps_per_epoch, rates,
                       opts.progress_every_s, not r.writer or opts.quiet)
-  steps = Steps(r.program, spec, log, progress, r.signals, observer)
+
+  def hung(detail: str) -> None:      # from the watchdog's thread; the main thread is stuck
+    out.ending, out.error = "hung", detail
+    log.end(C.RUN_STOP, metadata={C.STATUS: out.status})
+    log.close()
+    if r.writer:
+      write_json(summary_path(opts), summary(r, out, progress, init_s, time.time() - run_start))
+
+  watchdog = Watchdog(opts.hang_timeout_s, f"process {jax.process_index()} of "
+                      f"{jax.process_count()}", hung)
+  steps = Steps(r.program, spec, log, progress, r.signals, observer, watchdog)
   shardings = r.program.batch_shardings
   placed = prefetch.Prefetch(((s, global_batch(local, shardings))
                               for s, local in batches(data, step)), depth=opts.prefetch)
@@ -330,7 +352,7 @@ def _train(r: Run) -> dict[str, Any]:
       if out.stop is not None:
         break
       log.end(C.BLOCK_STOP, metadata=block.stop)
-      out.quality, eval_s = evaluate(r.program, r.built.task, state, block, log)
+      out.quality, eval_s = evaluate(r.program, r.built.task, state, block, log, watchdog)
       observer.evaluation(out.step, out.quality, eval_s)
       out.evals.append({**block.at, "step": out.step, "quality": out.quality,
                         "eval_s": eval_s, "train_loss": float(metrics.get("loss", float("nan"))),
@@ -341,7 +363,9 @@ def _train(r: Run) -> dict[str, Any]:
       if spec.reached(out.quality, spec.target(cfg)):
         out.reached, out.ending = True, "success"
       if opts.checkpoint_every and n % opts.checkpoint_every == 0:
+        watchdog.mark(doing=f"saving the checkpoint of step {out.step}")
         r.ckpt.save(state, out.step, where(out.step))
+        watchdog.mark()
       if out.reached:
         break
       got = r.signals.agreed()
@@ -352,6 +376,7 @@ def _train(r: Run) -> dict[str, Any]:
     if out.stop is not None:
       out.ending = out.stop.kind
       if out.stop.kind == "preempted" and r.ckpt.latest() != out.step:
+        watchdog.mark(doing=f"saving the checkpoint of step {out.step}")
         r.ckpt.save(state, out.step, where(out.step))
   except KeyboardInterrupt:
     out.ending, out.error = "preempted", ("interrupted (a second Ctrl-C): no checkpoint of the "
@@ -365,6 +390,7 @@ def _train(r: Run) -> dict[str, Any]:
     out.ending, out.error = "crashed", f"{type(e).__name__}: {e}"
     raise
   finally:
+    watchdog.close()
     placed.close()
     run_s = time.time() - run_start
     if out.ending == "preempted":    # never a result (`logs.resumed`), resumed or not
