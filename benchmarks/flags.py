@@ -37,6 +37,9 @@ RUN_FLAGS = (
      "meshperf-<benchmark>)."),
     ("integer", "checkpoint_every", 0, "Save an orbax checkpoint every N evaluations (0: "
      "never)."),
+    ("bool", "async_checkpoints", True, "Write checkpoints in a background thread while training "
+     "continues (orbax's async checkpointing); the next save, the run's end and a preemption "
+     "wait for it."),
     ("bool", "resume", False, "Continue from the newest checkpoint in --output_dir."),
     ("bool", "overwrite", False, "Replace an existing result_<run_index>.txt."),
     ("integer", "num_runs", 1, "Runs in a row in one process: run_index K..K+N-1 (K = "

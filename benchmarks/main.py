@@ -213,7 +213,7 @@ def main(argv: list[str]) -> int:
       submission_status=fv.submission_status, checkpoint_every=fv.checkpoint_every,
       submission_poc_name=fv.submission_poc_name, submission_entry=fv.submission_entry,
       resume=fv.resume, overwrite=fv.overwrite, progress_every_s=fv.progress_every_s,
-      hang_timeout_s=fv.hang_timeout_s,
+      hang_timeout_s=fv.hang_timeout_s, async_checkpoints=fv.async_checkpoints,
       nan_check_every=fv.nan_check_every,
       profile_steps=observe.parse_profile_steps(fv.profile_steps))
   for flag, least in (("nan_check_every", 1), ("checkpoint_every", 0), ("run_index", 0)):

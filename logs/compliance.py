@@ -174,6 +174,9 @@ def main(argv: list[str]) -> int:
     if why:
       not_results += 1
       print(f"NOT A RESULT  {log}\n    {why}")
+    lost = resumed.time_lost(log)
+    if lost:
+      print(f"    {lost}")
   failed = sum(not r.ok for r in results)
   print(f"{len(results) - failed} passed, {failed} failed"
         + (f"; {not_results} log(s) not a valid MLPerf result (interrupted or resumed)"

@@ -62,3 +62,64 @@ def verdict(path: str) -> str | None:
     return ("INTERRUPTED run (no run_stop: the process died): not a valid MLPerf result; "
             "continue it with --resume (its log will not be a result either) or run it again")
   return None
+
+
+def _times(path: str) -> dict:
+  """A part's times (ms): init_start, run_start, its last event; its resume and stop events;
+  the last eval_stop."""
+  out: dict = {"interrupted": None, "resumed": None, "eval_stop": None}
+  for e in _events(path):
+    key, t = e.get("key"), e.get("time_ms")
+    if not isinstance(t, (int, float)):
+      continue
+    out.setdefault("first", t)
+    out["last"] = t
+    if key in ("init_start", "run_start"):
+      out.setdefault(key, t)
+    elif key == "eval_stop":
+      out["eval_stop"] = t
+    elif key == RESUMED_KEY:
+      out["resumed"] = e.get("value") or {}
+    elif key == INTERRUPTED_KEY:
+      out["interrupted"] = e.get("value") or {}
+  return out
+
+
+def time_lost(path: str) -> str | None:
+  """For a run's first log `result_<i>.txt` with resumptions, one line on the time its
+  interruptions cost, from the logs alone: per interruption the training redone (the
+  interrupted part's time after the checkpoint the next part resumed from: none after a signal,
+  whose checkpoint is of the step it stopped at; after a kill, the time since the part's last
+  evaluation, after which the loop checkpoints), the next part's init (restarting: setup and
+  compiling) and the time between them (down); and the goodput, the share of the whole span
+  (the first init_start to the last part's end) that was not lost. None for other logs."""
+  m = re.fullmatch(r"result_(\d+)\.txt", os.path.basename(path))
+  if not m:
+    return None
+  folder = os.path.dirname(os.path.abspath(path))
+  prefix = f"result_{m.group(1)}.resume-"
+  later = sorted((n for n in os.listdir(folder) if n.startswith(prefix) and n.endswith(".txt")
+                  and n[len(prefix):-4].isdigit()), key=lambda n: int(n[len(prefix):-4]))
+  if not later:
+    return None
+  parts = [_times(p) for p in [path] + [os.path.join(folder, n) for n in later]]
+  if any("last" not in p for p in parts):
+    return None
+  redone = restart = down = 0.0
+  for before, after in zip(parts, parts[1:]):
+    stopped = before["interrupted"]
+    resumed_from = (after["resumed"] or {}).get("from_step")
+    if not (stopped and stopped.get("step") == resumed_from):
+      checkpointed = before["eval_stop"] or before.get("run_start", before["first"])
+      redone += max(0.0, before["last"] - checkpointed)
+    start = after.get("init_start", after["first"])
+    restart += max(0.0, after.get("run_start", after["last"]) - start)
+    down += max(0.0, start - before["last"])
+  span = parts[-1]["last"] - parts[0].get("init_start", parts[0]["first"])
+  lost = redone + restart + down
+  share = f"{100 * (1 - lost / span):.0f}%" if span > 0 else "n/a"
+  n = len(parts) - 1
+  return (f"time lost to {n} interruption{'s' if n > 1 else ''}: {lost / 1000:.1f} s of "
+          f"{span / 1000:.1f} s from the first init_start to the end of the last attempt "
+          f"(training redone {redone / 1000:.1f} s, restarting {restart / 1000:.1f} s, down "
+          f"{down / 1000:.1f} s): goodput {share}")

@@ -11,6 +11,7 @@
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -125,6 +126,11 @@ def test_sigterm_mid_epoch_checkpoints_and_resume_is_bit_identical(baseline, tmp
   assert p.returncode == 1, p.stdout + p.stderr
   assert "INTERRUPTED run, resumed in result_0.resume-1.txt" in p.stdout
   assert f"RESUMED run (attempt 1, continued from step {stopped} of result_0.txt)" in p.stdout
+  # What the interruption cost, from the logs: nothing redone (the checkpoint is of the step
+  # the signal stopped at), the second attempt's init, the time between the attempts.
+  [lost] = [line.strip() for line in p.stdout.splitlines() if "time lost to" in line]
+  assert lost.startswith("time lost to 1 interruption: ") and "(training redone 0.0 s, " in lost
+  assert re.search(r"restarting (\d+\.\d) s, down (\d+\.\d) s\): goodput (\d+)%$", lost), lost
 
   # The run has ended: resuming it again refuses and leaves everything as it was.
   rc, _, err = _run(f"--output_dir={out}", "--resume")
@@ -139,8 +145,10 @@ def test_sigkill_then_resume_is_bit_identical(baseline, tmp_path, where):
   p = _start(f"--output_dir={out}", "--nan_check_every=1")
   if where == "mid_epoch":
     ready = lambda line: (_step_of(line) or 0) >= STEPS_PER_EPOCH + 20   # noqa: E731
-  else:   # the line after the epoch-1 evaluation comes once its checkpoint is saved
-    ready = lambda line: (_step_of(line) or 0) > STEPS_PER_EPOCH   # noqa: E731
+  else:   # the first step line once the epoch-1 checkpoint is whole (written in the background,
+          # it is renamed to its step's name when complete)
+    ready = lambda line: ((_step_of(line) or 0) > STEPS_PER_EPOCH    # noqa: E731
+                          and (out / "checkpoints" / str(STEPS_PER_EPOCH)).is_dir())
   rc, _, _ = _kill_when(p, ready, signal.SIGKILL)
   assert rc == -signal.SIGKILL
   assert not (out / "summary.json").exists()               # nothing ran after the kill
@@ -192,7 +200,8 @@ def test_overwrite_starts_clean_and_run_indices_do_not_collide(baseline, tmp_pat
   assert (out / "checkpoints_1").is_dir()                   # another run index's: kept
 
 
-def test_a_failed_save_leaves_the_previous_checkpoint_whole(tmp_path, capfd):
+@pytest.mark.parametrize("asynchronous", [True, False], ids=["async", "sync"])
+def test_a_failed_save_leaves_the_previous_checkpoint_whole(tmp_path, capfd, asynchronous):
   """A real write error from the OS (the file-size limit: EFBIG, as a full disk gives ENOSPC)
   during a save: one CheckpointFailed line, no partial folder, the previous step restores."""
   import resource
@@ -203,14 +212,18 @@ def test_a_failed_save_leaves_the_previous_checkpoint_whole(tmp_path, capfd):
   from mesh.errors import CheckpointFailed
   state = {"step": np.int32(1), "params": {"w": np.arange(300_000, dtype=np.float32)}}
   where = {"step": 1, "seed": 0, "global_batch_size": 32, "num_train": 100, "steps_per_epoch": 3}
-  ckpt = checkpoints.Checkpoints(str(tmp_path / "checkpoints"))
+  ckpt = checkpoints.Checkpoints(str(tmp_path / "checkpoints"), asynchronous)
   ckpt.save(state, 1, where)
+  ckpt.finish()                   # step 1 whole (the loop waits for it at its next save)
   soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
   old = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
   resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, hard))
   try:
     with pytest.raises(CheckpointFailed) as e:
+      # Asynchronous: the background write fails; the error comes where the loop waits
+      # (synchronous: in the save).
       ckpt.save({**state, "step": np.int32(2)}, 2, {**where, "step": 2})
+      ckpt.finish()
   finally:
     resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
     signal.signal(signal.SIGXFSZ, old)
@@ -347,3 +360,30 @@ def test_the_watchdog_waits_while_marks_come_and_fires_once_they_stop(monkeypatc
     w.close()
   assert len(got) == 1 and "after step 10, while evaluating (epoch 1)" in got[0]
   assert len(died) == 1 and died[0].status == 8 and str(died[0]).startswith(got[0])
+
+
+def _log(path, events):
+  path.write_text("".join(":::MLLOG " + json.dumps(
+      {"namespace": "", "time_ms": t, "event_type": "POINT_IN_TIME", "key": k, "value": v,
+       "metadata": {}}) + "\n" for t, k, v in events))
+
+
+def test_time_lost_to_interruptions_is_read_from_the_logs(tmp_path):
+  """A run killed 30 s after its last evaluation (its checkpoint) and restarted 20 s later (20 s
+  to start), then SIGTERM'd and resumed 10 s later (15 s to start) from the step it stopped at,
+  nothing redone: lost = redone + restarting + down, goodput the rest of the span."""
+  from logs import resumed
+  _log(tmp_path / "result_0.txt", [(0, "init_start", None), (10_000, "run_start", None),
+                                    (50_000, "eval_stop", None), (80_000, "block_start", None)])
+  _log(tmp_path / "result_0.resume-1.txt", [
+      (100_000, "init_start", None), (100_001, "meshperf_resumed", {"from_step": 44}),
+      (120_000, "run_start", None), (150_000, "eval_stop", None),
+      (160_000, "meshperf_interrupted", {"signal": "SIGTERM", "step": 60}),
+      (160_001, "run_stop", None)])
+  _log(tmp_path / "result_0.resume-2.txt", [
+      (170_000, "init_start", None), (170_001, "meshperf_resumed", {"from_step": 60}),
+      (185_000, "run_start", None), (200_000, "run_stop", None)])
+  assert resumed.time_lost(str(tmp_path / "result_0.txt")) == (
+      "time lost to 2 interruptions: 95.0 s of 200.0 s from the first init_start to the end of "
+      "the last attempt (training redone 30.0 s, restarting 35.0 s, down 30.0 s): goodput 53%")
+  assert resumed.time_lost(str(tmp_path / "result_0.resume-1.txt")) is None

@@ -36,6 +36,7 @@ class RunOptions:
   submission_poc_name: str = ""     # empty: the user's login name (ruleset 0.6.0 requires one)
   submission_entry: str = ""        # empty: meshperf-<benchmark> (ruleset 0.6.0 requires one)
   checkpoint_every: int = 0         # evaluations between orbax checkpoints; 0: none
+  async_checkpoints: bool = True    # write checkpoints in the background (orbax async)
   resume: bool = False
   overwrite: bool = False
   progress_every_s: float = 5.0

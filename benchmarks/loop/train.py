@@ -295,7 +295,7 @@ def run(cfg, benchmark: str, opts: RunOptions) -> dict[str, Any]:
   if opts.overwrite and jax.process_count() > 1:
     from jax.experimental import multihost_utils
     multihost_utils.sync_global_devices("meshperf: --overwrite cleared")
-  ckpt = checkpoints.Checkpoints(checkpoint_dir(opts))
+  ckpt = checkpoints.Checkpoints(checkpoint_dir(opts), opts.async_checkpoints)
   # From here on a signal stops the run after a step, with a checkpoint; during the setup it
   # acts as usual (nothing to save: SIGTERM ends the process, Ctrl-C is status 5).
   signals = stops.Signals()
@@ -375,9 +375,13 @@ def _train(r: Run) -> dict[str, Any]:
         break
     if out.stop is not None:
       out.ending = out.stop.kind
+      watchdog.mark(doing="finishing the checkpoint save in flight")
+      r.ckpt.finish()
       if out.stop.kind == "preempted" and r.ckpt.latest() != out.step:
         watchdog.mark(doing=f"saving the checkpoint of step {out.step}")
         r.ckpt.save(state, out.step, where(out.step))
+    watchdog.mark(doing="finishing the checkpoint save in flight")
+    r.ckpt.finish()          # the run ends (or stops) only with its last checkpoint whole
   except KeyboardInterrupt:
     out.ending, out.error = "preempted", ("interrupted (a second Ctrl-C): no checkpoint of the "
                                           "last steps")
@@ -455,6 +459,7 @@ def summary(r: Run, out: Outcome, progress: Progress, init_s: float, run_s: floa
   median_step = statistics.median(step_times) if step_times else None
   weights = [w for w in progress.weights if w == w]
   median_weight = statistics.median(weights) if weights else None
+  evaluating, saving = sum(e["eval_s"] for e in out.evals), sum(r.ckpt.blocked_s)
   return {
       "benchmark": r.entry.name,
       "mlperf_benchmark": spec.mlperf_name,
@@ -497,6 +502,12 @@ def summary(r: Run, out: Outcome, progress: Progress, init_s: float, run_s: floa
       "exit_status": ENDINGS[out.ending],
       "resumed": r.opts.resume,
       "last_checkpoint_step": r.ckpt.latest(),
+      "checkpoint_async": r.ckpt.asynchronous,
+      "checkpoint_s": r.ckpt.blocked_s,     # per save: how long the loop waited for it
+      # Wall time by phase: init (before run_start; compile is part of it), and run_start to
+      # run_stop split into training, evaluation and waiting for checkpoint saves.
+      "phases_s": {"init": init_s, "compile": program.compile_s, "evaluation": evaluating,
+                   "checkpointing": saving, "training": max(0.0, run_s - evaluating - saving)},
   }
 
 

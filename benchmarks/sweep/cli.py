@@ -54,7 +54,7 @@ def main(argv: list[str]) -> int:
   run_options = {k: fv[k].value for k in (
       "division", "submission_org", "submission_platform", "submission_status",
       "submission_poc_name", "submission_entry", "checkpoint_every", "progress_every_s",
-      "nan_check_every", "hang_timeout_s")}
+      "nan_check_every", "hang_timeout_s", "async_checkpoints")}
   command = "./run.sh sweep " + " ".join(shlex.quote(a) for a in argv[1:])
   status, _ = sweep_run.run(name, cfg, sweep, out, command, run_options)
   return status
