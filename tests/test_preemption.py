@@ -387,3 +387,25 @@ def test_time_lost_to_interruptions_is_read_from_the_logs(tmp_path):
       "time lost to 2 interruptions: 95.0 s of 200.0 s from the first init_start to the end of "
       "the last attempt (training redone 30.0 s, restarting 35.0 s, down 30.0 s): goodput 53%")
   assert resumed.time_lost(str(tmp_path / "result_0.resume-1.txt")) is None
+
+
+@pytest.mark.slow
+def test_a_full_disk_is_one_line_and_status_7(tmp_path):
+  """A real write error mid-run (a 4 MiB file-size limit on the process, below one checkpoint
+  of this ResNet-50, above its logs: EFBIG, as a full disk gives ENOSPC): status 7 and one
+  line, none of orbax's and tensorstore's error logs and tracebacks; summary.json agrees."""
+  import shlex
+  out = tmp_path / "run"
+  run = [sys.executable, "-m", "benchmarks.main", "resnet", "--model_depth=50", "--image_size=32",
+         "--dataset=synthetic", "--synthetic_examples=640", "--global_batch_size=64",
+         "--eval_batch_size=64", "--max_epochs=3", "--checkpoint_every=1", f"--output_dir={out}"]
+  p = subprocess.run(["bash", "-c", "ulimit -f 4096 && exec " + shlex.join(run)], cwd=ROOT,
+                     capture_output=True, text=True, timeout=600, check=False)
+  assert p.returncode == 7, p.stderr[-3000:]
+  lines = [line for line in p.stderr.splitlines() if line.strip()]
+  assert len(lines) == 1 and lines[0].startswith(
+      "error: could not write the checkpoint of step 10 to "), p.stderr[-3000:]
+  assert "no earlier checkpoint; free space" in lines[0]
+  s = _summary(out)
+  assert s["ending"] == "checkpoint_failed" and s["exit_status"] == 7
+  assert os.listdir(out / "checkpoints") == []         # no partial step folder

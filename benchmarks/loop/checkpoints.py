@@ -21,8 +21,10 @@ input, not 951 lines of orbax traceback.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
+import sys
 import time
 from typing import Any
 
@@ -57,6 +59,43 @@ def _key(path) -> str:
   return "/".join(parts)
 
 
+class _OrbaxNoise(logging.Filter):
+  """What a failed save logs besides the one line of CheckpointFailed: orbax's errors (one per
+  background thread that saw the failure), asyncio's "exception was never retrieved" for the
+  orbax writes left behind (logged when they are collected), and orbax's warning when
+  `_serial_replicas_on_cpu` replaces its array handler."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if record.name == "asyncio":
+      text = record.getMessage()
+      return not ("never retrieved" in text and ("orbax" in text or "OCDBT" in text))
+    return not ("/orbax/" in record.pathname and (
+        record.levelno >= logging.ERROR or "overriding" in record.getMessage()))
+
+
+def _closed_loop_quiet(hook):
+  """`sys.unraisablehook` without the "Event loop is closed" errors of a failed save: when one
+  write fails, orbax closes its event loop while tensorstore's other writes are in flight, and
+  each of their completion callbacks then fails, reported as unraisable (a traceback each,
+  hundreds on a full disk)."""
+  def unraisablehook(unraisable):
+    if (unraisable.exc_type is RuntimeError
+        and str(unraisable.exc_value) == "Event loop is closed"):
+      return
+    hook(unraisable)
+  unraisablehook.quiet = True
+  return unraisablehook
+
+
+def _quiet_orbax() -> None:
+  for name in ("absl", "asyncio"):
+    logger = logging.getLogger(name)
+    if not any(isinstance(f, _OrbaxNoise) for f in logger.filters):
+      logger.addFilter(_OrbaxNoise())
+  if not getattr(sys.unraisablehook, "quiet", False):
+    sys.unraisablehook = _closed_loop_quiet(sys.unraisablehook)
+
+
 def _serial_replicas_on_cpu(ocp) -> None:
   """On CPU devices, jax arrays are saved by one replica, not sliced across replicas. Orbax's
   `ArrayHandler` splits a replicated array's write across its replicas by default (off on GPUs,
@@ -86,6 +125,7 @@ class Checkpoints:
     """The orbax manager, made (and the folder created) on first use: a run that never saves
     leaves no empty checkpoints/ folder."""
     if self._mngr is None:
+      _quiet_orbax()
       _serial_replicas_on_cpu(self._ocp)
       self._mngr = self._ocp.CheckpointManager(
           self.directory, item_handlers=self._ocp.StandardCheckpointHandler(),
