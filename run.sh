@@ -92,6 +92,10 @@ case "$verb" in
     shift; bootstrap
     case "${1:-}" in
       tpu|cuda12|cuda13) install_extra "$1"; exit 0 ;;
+      -h|--help) echo "./run.sh install tpu|cuda12|cuda13: the JAX wheels of that accelerator" \
+        "(pyproject.toml's extra of the same name) into .venv; until then runs are CPU-only." \
+        "tpu: libtpu, also to compile for TPU slices on any machine (--compile_only" \
+        "--topology=...); cuda12, cuda13: NVIDIA GPUs with that CUDA major version"; exit 0 ;;
       *) echo "error: ./run.sh install takes tpu, cuda12 or cuda13" >&2; exit 2 ;;
     esac ;;
   ablate)

@@ -119,6 +119,11 @@ def setup(argv: list[str], verb: str = "<benchmark>",
   reading it (throughput), as a compile-only run does, so no --data_dir is needed."""
   names = ", ".join(BENCHMARKS)
   if len(argv) < 2 or argv[1].startswith("-"):
+    if any(a in ("--help", "-h", "--helpfull", "--helpshort", "-?") for a in argv[1:]):
+      cmd = "./run.sh" + ("" if verb.startswith("<") else f" {verb.split()[0]}") + " <benchmark>"
+      print(f"usage: {cmd} [--flag=value ...], <benchmark> one of {names}; `{cmd} --help` "
+            f"lists its flags with the preset's values")
+      sys.exit(0)
     raise UserError(f"name a benchmark: run.sh {verb} [--flag=value ...] with benchmark one of "
                     f"{names}")
   name = argv[1]

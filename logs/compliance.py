@@ -150,8 +150,18 @@ def check_path(path: str, rulesets: tuple[str, ...] | None = None) -> list[Check
   return results
 
 
+HELP = """./run.sh check PATH: MLPerf compliance of a result_*.txt file or of every result_*.txt
+under a folder, with mlperf_logging's checker under each ruleset the installed checker has for
+the log's benchmark (PASS or FAIL per ruleset), then which logs are not results (interrupted or
+resumed runs) and what their interruptions cost. Exit status 0 when every check passed, 1 when
+one failed or a log is not a result, 2 on bad input."""
+
+
 def main(argv: list[str]) -> int:
   from mesh.errors import UserError
+  if argv and argv[0] in ("-h", "--help", "-help", "--helpfull"):
+    print(HELP)
+    return 0
   if len(argv) != 1 or argv[0].startswith("-"):
     got = "nothing" if not argv else " ".join(argv)
     print(f"error: ./run.sh check takes one PATH, a result_*.txt file or a folder of them "

@@ -25,6 +25,26 @@ def test_help_lists_the_benchmarks_flags_with_preset_values(capfd):
   assert "--adam_beta1=0.9" in out and "--model_depth" not in out
 
 
+VERBS = ("check", "package", "ablate", "sweep", "scale", "perf", "throughput", "prepare",
+         "install", "resnet", "transformer", "ssd", "lm")
+
+
+def test_every_verbs_help_is_help(tmp_path):
+  """`./run.sh <verb> --help` for every verb (before a benchmark is named, too): the verb's
+  usage on stdout and status 0, never an `error:` line or a traceback."""
+  env = dict(os.environ)
+  env.pop("XLA_FLAGS", None)
+  for verb in ("", *VERBS):
+    p = subprocess.run([os.path.join(ROOT, "run.sh"), *([verb] if verb else []), "--help"],
+                       cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=300,
+                       check=False)
+    said = p.stdout + p.stderr
+    assert p.returncode == 0 and "error:" not in said and "Traceback" not in said, (
+        verb, said[-2000:])
+    assert "usage" in said.lower() or "./run.sh" in said, (verb, said[-2000:])
+  assert os.listdir(tmp_path) == []
+
+
 def test_list_flags_are_parsed_once_at_the_edge(capfd):
   """A list-valued flag reaches the config as a tuple (the validation sees integers)."""
   code, _, err = _main(capfd, "ssd", "--decay_epochs=50,40")
