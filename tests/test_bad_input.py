@@ -435,6 +435,9 @@ CASES = [
     ("main", ["resnet", "--dataset=synthetic", "--synthetic_examples=40"],
      "--dataset=synthetic: 40 examples an epoch (--synthetic_examples) are fewer than one batch "
      "(--global_batch_size=64)"),
+    ("main", ["resnet", "--dataset=synthetic", "--eval_batch_size=1000000000"],
+     "1,281,167 examples an epoch (--synthetic_examples) are fewer than one batch "
+     "(--eval_batch_size=1000000000)"),
     ("main", ["resnet", "--seed=18446744073709551616"], "seeds are 32-bit, at most 4294967295"),
     ("main", ["resnet", "--num_runs=3", "--seed=4294967295"],
      "run i of the series takes seed --seed + i, up to 4294967297"),

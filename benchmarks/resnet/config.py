@@ -161,7 +161,9 @@ def validate(c: Config) -> None:
           "must be >= 0 (0: the default)")
   if c.dataset == "synthetic":
     examples = c.synthetic_examples or IMAGENET_TRAIN_EXAMPLES
-    if examples < c.global_batch_size:
-      raise UserError(f"--dataset=synthetic: {examples:,} examples an epoch "
-                      f"(--synthetic_examples) are fewer than one batch (--global_batch_size="
-                      f"{c.global_batch_size}); give at least one batch's worth")
+    for flag, batch in (("global_batch_size", c.global_batch_size),
+                        ("eval_batch_size", c.eval_batch_size)):
+      if examples < batch:
+        raise UserError(f"--dataset=synthetic: {examples:,} examples an epoch "
+                        f"(--synthetic_examples) are fewer than one batch (--{flag}={batch}); "
+                        f"give at least one batch's worth")
