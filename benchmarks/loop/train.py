@@ -296,8 +296,9 @@ def run(cfg, benchmark: str, opts: RunOptions) -> dict[str, Any]:
     from jax.experimental import multihost_utils
     multihost_utils.sync_global_devices("meshperf: --overwrite cleared")
   ckpt = checkpoints.Checkpoints(checkpoint_dir(opts), opts.async_checkpoints)
-  # From here on a signal stops the run after a step, with a checkpoint; during the setup it
-  # acts as usual (nothing to save: SIGTERM ends the process, Ctrl-C is status 5).
+  # From here on a signal stops the run after a step, with a checkpoint; during the setup there
+  # is nothing to save, and SIGTERM, SIGHUP and Ctrl-C end the process with status 5 at once
+  # (`benchmarks.main.run_main`).
   signals = stops.Signals()
   try:
     return _train(Run(cfg, entry, opts, built, log, ckpt, signals, say, writer, wall_start))
