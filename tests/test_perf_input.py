@@ -70,7 +70,7 @@ def _same(a, b):
 @pytest.mark.slow
 def test_imagenet_batches_are_the_same_with_0_and_2_worker_processes(tmp_path):
   root = resnet_data.write_imagenet(str(tmp_path), 40, 4)
-  cfg = dataclasses.replace(RESNET["cpu"], dataset="imagenet", data_dir=root,
+  cfg = dataclasses.replace(RESNET["cpu"], dataset="imagenet", data_dir=root, num_classes=1000,
                             global_batch_size=8, eval_batch_size=8)
   for epoch in (0, 1):
     _same(_batches(resnet_data.make(cfg), epoch),

@@ -300,39 +300,49 @@ def test_sighup_mid_epoch_is_a_preemption_and_the_log_is_never_a_result(tmp_path
 
 @pytest.mark.slow
 def test_a_stuck_data_loader_is_caught_by_the_watchdog(imagenet_dir, tmp_path):
-  """A real stuck process: the ImageNet input's worker process (--data_workers=1) is stopped
+  """A real stuck process: the ImageNet input's worker processes (--data_workers=1) are stopped
   with SIGSTOP mid-training, so the run waits on a batch that never comes. Within
   --hang_timeout_s the run ends with status 8 and one line naming the process and its last
-  step; summary.json and the log's run_stop agree."""
+  step; summary.json and the log's run_stop agree. The run has a process group of its own, so
+  its workers (grain's, spawned) are found by group and killed with it at the end."""
+  import queue
+  import threading
   out = tmp_path / "run"
   p = subprocess.Popen(
       [sys.executable, "-m", "benchmarks.main", "resnet", "--config=tiny", "--dataset=imagenet",
        f"--data_dir={imagenet_dir}", "--num_classes=1000", "--global_batch_size=8",
-       "--eval_batch_size=8", "--max_epochs=50", "--data_workers=1", "--hang_timeout_s=6",
+       "--eval_batch_size=8", "--max_epochs=50", "--data_workers=1", "--hang_timeout_s=20",
        "--progress_every_s=0", "--nan_check_every=1", f"--output_dir={out}"],
-      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-  for line in p.stdout:
-    if (_step_of(line) or 0) >= 10:
-      break
-  workers = subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True,
-                           check=False).stdout.split()
-  assert workers, "no input worker process to stop"
+      cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      start_new_session=True)
+  lines: queue.Queue = queue.Queue()
+  threading.Thread(target=lambda: [lines.put(x) for x in p.stdout], daemon=True).start()
   try:
-    for pid in workers:
-      os.kill(int(pid), signal.SIGSTOP)
-    rc = p.wait(timeout=120)
-  finally:
-    for pid in workers:            # they hold the pipes; the run is over either way
+    deadline = time.time() + 300
+    while time.time() < deadline:
       try:
-        os.kill(int(pid), signal.SIGKILL)
-      except ProcessLookupError:
-        pass
-  _, err = p.communicate(timeout=60)
+        if (_step_of(lines.get(timeout=1)) or 0) >= 10:
+          break
+      except queue.Empty:
+        assert p.poll() is None, p.stderr.read()[-3000:]
+    group = subprocess.run(["pgrep", "-g", str(p.pid)], capture_output=True, text=True,
+                           check=False).stdout.split()
+    workers = [int(pid) for pid in group if int(pid) != p.pid]
+    assert workers, "no input worker process to stop"
+    for pid in workers:
+      os.kill(pid, signal.SIGSTOP)
+    rc = p.wait(timeout=180)
+  finally:
+    try:
+      os.killpg(p.pid, signal.SIGKILL)    # the stopped workers; they hold the run's pipes
+    except ProcessLookupError:
+      pass
+  err = p.stderr.read()
   assert rc == 8, err[-3000:]
   errors = [line for line in err.splitlines() if line.startswith("error: ")]
   assert len(errors) == 1 and "Traceback" not in err, err[-3000:]
   assert errors[0].startswith("error: process 0 of 1: no progress for ")
-  assert "(--hang_timeout_s=6) after step " in errors[0] and "while reading the batch" in errors[0]
+  assert "(--hang_timeout_s=20) after step " in errors[0] and "while reading the batch" in errors[0]
   s = _summary(out)
   assert s["ending"] == "hung" and s["exit_status"] == 8 and s["error"] in errors[0]
   last = json.loads((out / "result_0.txt").read_text().strip().splitlines()[-1].split(
@@ -409,3 +419,35 @@ def test_a_full_disk_is_one_line_and_status_7(tmp_path):
   s = _summary(out)
   assert s["ending"] == "checkpoint_failed" and s["exit_status"] == 7
   assert os.listdir(out / "checkpoints") == []         # no partial step folder
+
+
+@pytest.mark.slow
+def test_sigterm_during_an_evaluation_lets_it_finish_then_stops_with_a_checkpoint(tmp_path):
+  """A signal while the run evaluates: the evaluation finishes and is logged, then the run
+  stops as after a step (a checkpoint of the block's last step, `meshperf_interrupted`,
+  status 5). The evaluation is the SSD's (200 validation images in batches of 8, then COCO's
+  evaluation: seconds on this machine), seen starting in the log, which is written as it goes."""
+  out, cache = tmp_path / "run", tmp_path / "cache"
+  env = dict(os.environ, MESHPERF_CACHE=str(cache))
+  p = subprocess.Popen(
+      [sys.executable, "-m", "benchmarks.main", "ssd", "--config=tiny", "--shapes_eval=200",
+       "--max_epochs=3", f"--output_dir={out}"], cwd=ROOT, env=env,
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  log = out / "result_0.txt"
+  deadline = time.time() + 300
+  while time.time() < deadline and p.poll() is None:
+    text = log.read_text() if log.exists() else ""
+    if '"key": "eval_start"' in text:
+      p.send_signal(signal.SIGTERM)
+      break
+    time.sleep(0.01)
+  _, err = p.communicate(timeout=600)
+  assert p.returncode == 5 and "Traceback" not in err, err[-3000:]
+  keys = [json.loads(line.split(":::MLLOG", 1)[1])["key"] for line in
+          log.read_text().splitlines()]
+  assert keys.count("eval_start") == 1 and keys[-5:] == [
+      "eval_start", "eval_accuracy", "eval_stop", "meshperf_interrupted", "run_stop"], keys[-8:]
+  s = _summary(out)
+  assert s["ending"] == "preempted" and len(s["evals"]) == 1
+  assert s["last_checkpoint_step"] == s["evals"][0]["step"]
+  assert os.path.isdir(out / "checkpoints" / str(s["last_checkpoint_step"]))

@@ -162,6 +162,8 @@ def _config(name: str, data_dir: str, s: Settings, **over):
   cfg = registry.BENCHMARKS[name].config().PRESETS["cpu"]
   dataset = {"resnet": "imagenet", "ssd": "coco", "transformer": "wmt14", "lm": "lm1b"}[name]
   kw = dict(dataset=dataset, data_dir=data_dir)
+  if name == "resnet":
+    kw["num_classes"] = 1000       # the written ImageNet's labels name its 1,000 classes
   if s.batch:
     kw.update(global_batch_size=s.batch, eval_batch_size=s.batch)
   if name in ("transformer", "lm"):
