@@ -14,7 +14,6 @@ import dataclasses
 import datetime
 import math
 import os
-import signal
 import sys
 import time
 import traceback
@@ -24,6 +23,7 @@ from absl import flags
 
 from benchmarks import config as config_lib
 from benchmarks import flags as flags_lib
+from benchmarks.loop import stops
 from benchmarks.registry import BENCHMARKS, Entry
 from logs import observe
 from mesh import devices, errors, multihost, tpu_flags
@@ -254,35 +254,19 @@ def ending(fn: Callable[[list[str]], int], argv: list[str]) -> tuple[int, str | 
     return lost.status, f"error: {lost}"
 
 
-# What a scheduler, a preempted VM or a closed terminal sends. Outside the training loop (which
-# records them and stops after a step with a checkpoint, `benchmarks.loop.stops`) they end the
-# process as Ctrl-C does: status 5, one line, and the `finally` clauses run (temporary folders
-# removed), where the default action would kill it with 128 + the signal's number.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-
-
-_STOPPED: list[int] = []    # the signal that `_stop` raised for, if one did
-
-
-def _stop(signum, frame):
-  _STOPPED.append(signum)
-  raise errors.Stopped(f"stopped by {signal.Signals(signum).name}; nothing was being trained, so "
-                       f"there was nothing to checkpoint: run the same command again")
-
-
 def run_main(fn):
   """Runs `fn(sys.argv)` (`ending`), writes its last words and exits with its status."""
-  for sig in STOP_SIGNALS:
-    signal.signal(sig, _stop)
+  stops.install_setup_handlers()
   devices.skip_absent_tpu()
   code, last = ending(fn, sys.argv)
+  stops.setup_handlers_done()
   if last is not None:
     if not multihost.claim_ending():  # a watchdog thread is ending the process with its own line
       time.sleep(multihost.ENDING_GRACE_S)
     else:
       print(last, file=sys.stderr)
   sys.stdout.flush()
-  if _STOPPED and code == errors.EXIT_PREEMPTED:
+  if stops.SETUP_STOPS and code == errors.EXIT_PREEMPTED:
     # Raised wherever the main thread was, perhaps inside XLA's compiler called from jax: the
     # `finally` clauses have run, but the runtime's teardown at a normal exit can then crash
     # (SIGSEGV, seen when stopped while compiling), so the process ends without it.

@@ -372,6 +372,71 @@ def test_the_watchdog_waits_while_marks_come_and_fires_once_they_stop(monkeypatc
   assert len(died) == 1 and died[0].status == 8 and str(died[0]).startswith(got[0])
 
 
+def test_a_stop_signal_dropped_in_a_gc_callback_is_raised_again_in_ordinary_code(monkeypatch):
+  """The setup's SIGTERM handler raises `Stopped`; when the signal lands while a garbage-collector
+  callback runs (jax has one), Python drops the exception (it can only report it), and the
+  setup went on to train. The dropped `Stopped` sends the signal again, so it is raised in the
+  caller's own code, here within a second."""
+  import gc
+
+  from benchmarks.loop import stops
+  from mesh import errors
+  monkeypatch.setattr(stops, "SETUP_STOPS", [])
+  monkeypatch.setattr(stops, "_setup_ended", False)
+  monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
+  old = {sig: signal.getsignal(sig) for sig in stops.STOP_SIGNALS}
+  fired = []
+
+  def callback(phase, info):
+    if phase == "start" and not fired:
+      fired.append(phase)
+      os.kill(os.getpid(), signal.SIGTERM)
+      for _ in range(3):        # the handler runs here, inside the callback, and is dropped
+        len(fired)
+
+  stops.install_setup_handlers()
+  gc.callbacks.append(callback)
+  try:
+    gc.collect()
+    assert fired and stops.SETUP_STOPS[0] == signal.SIGTERM   # the handler ran, nothing raised
+    with pytest.raises(errors.Stopped, match="stopped by SIGTERM"):
+      deadline = time.time() + 5
+      while time.time() < deadline:
+        time.sleep(0.01)
+  finally:
+    gc.callbacks.remove(callback)
+    for sig in old:             # a signal still on its way must not end pytest
+      signal.signal(sig, lambda *_: None)
+    time.sleep(0.2)
+    for sig, handler in old.items():
+      signal.signal(sig, handler)
+  assert set(stops.SETUP_STOPS) == {signal.SIGTERM} and len(stops.SETUP_STOPS) >= 2
+
+
+def test_a_stop_signal_caught_during_the_setup_is_raised_before_the_loop(monkeypatch):
+  """A `Stopped` that some `except Exception` around a library call swallowed is raised again
+  at the last point before the training loop takes the signals over."""
+  from benchmarks.loop import stops
+  from mesh import errors
+  monkeypatch.setattr(stops, "SETUP_STOPS", [])
+  monkeypatch.setattr(stops, "_setup_ended", False)
+  monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
+  old = {sig: signal.getsignal(sig) for sig in stops.STOP_SIGNALS}
+  stops.install_setup_handlers()
+  try:
+    stops.raise_if_stopped_in_setup()                   # no signal: nothing raised
+    try:
+      os.kill(os.getpid(), signal.SIGHUP)
+      time.sleep(1)
+    except Exception:         # noqa: BLE001 -- a library's broad except, as in the setup
+      pass
+    with pytest.raises(errors.Stopped, match="stopped by SIGHUP"):
+      stops.raise_if_stopped_in_setup()
+  finally:
+    for sig, handler in old.items():
+      signal.signal(sig, handler)
+
+
 def _log(path, events):
   path.write_text("".join(":::MLLOG " + json.dumps(
       {"namespace": "", "time_ms": t, "event_type": "POINT_IN_TIME", "key": k, "value": v,

@@ -1,5 +1,9 @@
 """Why a run stops early, watched without a host sync per step.
 
+- Before the loop (`install_setup_handlers`, installed by every entry point): SIGTERM and SIGHUP
+  raise `mesh.errors.Stopped`, which ends the process as Ctrl-C does: status 5, one line, and
+  the `finally` clauses run (temporary folders removed), where the default action would kill it
+  with 128 + the signal's number. Nothing was being trained, so nothing is checkpointed.
 - `Signals`: SIGTERM (what a preempted TPU VM or a batch scheduler sends), SIGHUP (a closed
   terminal or ssh session) and SIGINT (Ctrl-C) only set a flag; the loop finishes the step it
   is in, writes a checkpoint, logs `meshperf_interrupted` and `run_stop` aborted and exits with
@@ -21,11 +25,69 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import signal
+import sys
+import threading
 import time
 from typing import Any
 
-import jax
+from mesh import errors
+
+# What a scheduler, a preempted VM or a closed terminal sends.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+SETUP_STOPS: list[int] = []       # each stop signal the setup's handler raised for
+_setup_ended = False              # the entry point has its ending: later stop signals are moot
+
+
+def _stopped(signum: int) -> errors.Stopped:
+  return errors.Stopped(f"stopped by {signal.Signals(signum).name}; nothing was being trained, "
+                        f"so there was nothing to checkpoint: run the same command again")
+
+
+def _raise_stopped(signum, frame):
+  if _setup_ended:
+    return
+  SETUP_STOPS.append(signum)
+  raise _stopped(signum)
+
+
+def _resend_dropped_stops(previous):
+  """A `sys.unraisablehook` for a `Stopped` that Python could only report, not raise: the
+  handler ran inside a garbage-collector callback (seen: jax's, mid-setup), a `__del__` or a
+  weakref callback, where an exception is printed and dropped (Python docs,
+  `sys.unraisablehook`), and the setup went on as if no signal had come. The signal is sent
+  again from another thread a moment later, so the handler raises in ordinary code; if that too
+  lands in such a callback, this repeats."""
+  def hook(unraisable):
+    if not (isinstance(unraisable.exc_value, errors.Stopped) and SETUP_STOPS):
+      previous(unraisable)
+      return
+    again = threading.Timer(0.05, os.kill, (os.getpid(), SETUP_STOPS[-1]))
+    again.daemon = True
+    again.start()
+  return hook
+
+
+def install_setup_handlers() -> None:
+  """SIGTERM and SIGHUP raise `Stopped` (status 5) until the training loop takes them over."""
+  for sig in STOP_SIGNALS:
+    signal.signal(sig, _raise_stopped)
+  sys.unraisablehook = _resend_dropped_stops(sys.unraisablehook)
+
+
+def setup_handlers_done() -> None:
+  """The entry point has its status: a signal still on its way changes nothing."""
+  global _setup_ended
+  _setup_ended = True
+
+
+def raise_if_stopped_in_setup() -> None:
+  """The last point before the loop takes the signals over. A stop signal the setup received
+  and yet the setup went on means its `Stopped` was caught on the way (an `except Exception`
+  around a library call): raised here, before run_start, it ends the run as it should have."""
+  if SETUP_STOPS and not _setup_ended:
+    raise _stopped(SETUP_STOPS[-1])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +119,7 @@ class Signals:
 
   def agreed(self) -> str | None:
     """The signal any process received (all processes agree; a collective when several)."""
+    import jax
     if jax.process_count() == 1:
       return self.received
     import numpy as np
@@ -95,6 +158,7 @@ class MetricsWindow:
     if n <= 0:
       return {}, None
     taken, self.pending = self.pending[:n], self.pending[n:]
+    import jax
     fetched = jax.device_get([m for _, m in taken])
     now = time.time()
     step_times.extend([(now - self.start) / len(fetched)] * len(fetched))

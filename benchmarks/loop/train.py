@@ -298,7 +298,8 @@ def run(cfg, benchmark: str, opts: RunOptions) -> dict[str, Any]:
   ckpt = checkpoints.Checkpoints(checkpoint_dir(opts), opts.async_checkpoints)
   # From here on a signal stops the run after a step, with a checkpoint; during the setup there
   # is nothing to save, and SIGTERM, SIGHUP and Ctrl-C end the process with status 5 at once
-  # (`benchmarks.main.run_main`).
+  # (`stops.install_setup_handlers`).
+  stops.raise_if_stopped_in_setup()
   signals = stops.Signals()
   try:
     return _train(Run(cfg, entry, opts, built, log, ckpt, signals, say, writer, wall_start))
