@@ -10,10 +10,13 @@ batch's field shapes, all a compile-only run of a pod needs (`benchmarks.pod.com
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import json
 import os
+import shutil
+import tempfile
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
@@ -163,6 +166,24 @@ def text_lines(path: str, what: str) -> list[str]:
         from None
   text = text.replace("\r\n", "\n").replace("\r", "\n")    # as open()'s universal newlines
   return text.split("\n")[:-1] if text.endswith("\n") else text.split("\n")
+
+
+@contextlib.contextmanager
+def tfds_temp_folders_removed():
+  """Around making a tensorflow-datasets builder for a dataset not yet prepared: tfds then tries
+  to read the dataset's metadata from its GCS bucket into `tempfile.mkdtemp("tfds")`, and with
+  the bucket out of reach (no network, or GCS disabled, as here) returns before it copies
+  anything, leaving that empty folder for good (`DatasetInfo.initialize_from_bucket`,
+  tensorflow-datasets 4.9). Python's temporary folder is pointed at one of ours meanwhile,
+  removed after. Main thread, around the constructor only."""
+  folder = tempfile.mkdtemp(prefix="meshperf-tfds-")
+  before = tempfile.tempdir
+  tempfile.tempdir = folder
+  try:
+    yield
+  finally:
+    tempfile.tempdir = before
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def open_tfds(data_dir: str, name: str, split: str, dataset_flag: str, prepare: str,

@@ -3,8 +3,8 @@
 The promise, checked for every case: exit status 2; exactly one stderr line starting `error: `,
 which says what is wrong (the case's needle); no traceback and no usage page; and nothing left
 behind: the --output_dir is not made, and no file or folder appears under the test's folder
-(the runs start there, so their default runs/ would land in it), or in the datasets the cases
-read; the tokenizer cache may only gain a finished tokenizer. Datasets are built here in their
+(the runs start there, so their default runs/ would land in it; it is also their temporary
+folder, TMPDIR), or in the datasets the cases read; the tokenizer cache may only gain a finished tokenizer. Datasets are built here in their
 real formats (tfds ArrayRecord, COCO layout, sentencepiece, MLPerf logs) with the builders of
 the data tests, then damaged.
 """
@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -480,21 +481,23 @@ def _own_process(verb, args) -> bool:
   return verb not in IN_PROCESS or any(a.startswith(OWN_PROCESS_FLAGS) for a in args)
 
 
-def _run(verb, args, cwd, cache):
+def _run(verb, args, cwd, cache, tmp):
   """(exit status, stderr) of the verb in a process of its own."""
   env = dict(os.environ)
   env.pop("XLA_FLAGS", None)
   env["MESHPERF_CACHE"] = cache
+  env["TMPDIR"] = tmp
   env["PYTHONPATH"] = ROOT
   p = subprocess.run(VERBS[verb] + args, cwd=cwd, env=env, capture_output=True, text=True,
                      timeout=300, check=False)
   return p.returncode, p.stderr
 
 
-def _run_here(verb, args, cwd, cache, monkeypatch, capfd):
+def _run_here(verb, args, cwd, cache, tmp, monkeypatch, capfd):
   """(exit status, stderr) of the verb called in this process (`tests.helpers.run_here`)."""
   monkeypatch.chdir(cwd)
   monkeypatch.setenv("MESHPERF_CACHE", cache)
+  monkeypatch.setattr(tempfile, "tempdir", tmp)
   code, _, err = helpers.run_here(IN_PROCESS[verb], args, capfd)
   return code, err
 
@@ -507,9 +510,9 @@ def _id(verb, args):
 @pytest.mark.parametrize("verb,args,needle", CASES, ids=[_id(v, a) for v, a, _ in CASES])
 def test_bad_input(inputs, tmp_path, monkeypatch, capfd, verb, args, needle):
   out = tmp_path / "out"
-  cwd, cache = tmp_path / "cwd", tmp_path / "cache"
-  cwd.mkdir()
-  cache.mkdir()
+  cwd, cache, tmp = tmp_path / "cwd", tmp_path / "cache", tmp_path / "tmp"
+  for folder in (cwd, cache, tmp):
+    folder.mkdir()
 
   def fill(text):
     return text.format(**inputs, out=out)
@@ -520,9 +523,9 @@ def test_bad_input(inputs, tmp_path, monkeypatch, capfd, verb, args, needle):
       args.append(f"--output_dir={out}")
   before = _tree(tmp_path, inputs["root"], cache=cache)
   if _own_process(verb, args):
-    code, stderr = _run(verb, args, str(cwd), str(cache))
+    code, stderr = _run(verb, args, str(cwd), str(cache), str(tmp))
   else:
-    code, stderr = _run_here(verb, args, str(cwd), str(cache), monkeypatch, capfd)
+    code, stderr = _run_here(verb, args, str(cwd), str(cache), str(tmp), monkeypatch, capfd)
   said = stderr[-3000:]
   assert code == 2, said
   assert "Traceback" not in stderr, said
@@ -557,14 +560,15 @@ OWN_PROCESS_ONCE = [
 def test_bad_input_in_a_process_of_its_own(tmp_path, verb, args, needle):
   assert (verb, args, needle) in CASES and not _own_process(verb, args)
   out = tmp_path / "out"
-  cwd = tmp_path / "cwd"
+  cwd, tmp = tmp_path / "cwd", tmp_path / "tmp"
   cwd.mkdir()
+  tmp.mkdir()
   extra = [f"--output_dir={out}"] if verb != "scale" else []
-  code, stderr = _run(verb, args + extra, str(cwd), str(tmp_path / "cache"))
+  code, stderr = _run(verb, args + extra, str(cwd), str(tmp_path / "cache"), str(tmp))
   assert code == 2 and "Traceback" not in stderr, stderr[-3000:]
   errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
   assert len(errors) == 1 and needle in errors[0], stderr[-3000:]
-  assert not out.exists() and os.listdir(cwd) == []
+  assert not out.exists() and os.listdir(cwd) == [] and os.listdir(tmp) == []
 
 
 def test_a_sweep_of_two_processes_is_refused_by_both(tmp_path):

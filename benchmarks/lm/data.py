@@ -36,6 +36,7 @@ from benchmarks.data import (
   process_indices,
   subset_note,
   text_lines,
+  tfds_temp_folders_removed,
 )
 from mesh.errors import UserError
 
@@ -286,5 +287,7 @@ def write_lm1b(data_dir, train: list[str], test: list[str]) -> None:
       for i, line in enumerate(lines):
         yield i, {"text": line}
 
-  Lm1b(data_dir=str(data_dir), file_format="array_record").download_and_prepare(
+  with tfds_temp_folders_removed():
+    builder = Lm1b(data_dir=str(data_dir), file_format="array_record")
+  builder.download_and_prepare(
       download_config=tfds.download.DownloadConfig(manual_dir=str(data_dir)))

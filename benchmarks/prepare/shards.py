@@ -27,6 +27,7 @@ import sys
 import time
 from typing import Any, Callable
 
+from benchmarks.data import tfds_temp_folders_removed
 from benchmarks.prepare import workers as worker_pool
 from mesh.errors import UserError
 
@@ -73,7 +74,8 @@ def builder(name: str, data_dir: str):
   import tensorflow_datasets as tfds
   if name.startswith("wmt"):
     import tensorflow_datasets.translate  # noqa: F401  (registers the translation builders)
-  return tfds.builder(name, data_dir=data_dir, file_format="array_record")
+  with tfds_temp_folders_removed():
+    return tfds.builder(name, data_dir=data_dir, file_format="array_record")
 
 
 def _template(builder, split: str, folder: str):

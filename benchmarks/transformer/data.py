@@ -27,6 +27,7 @@ from benchmarks.data import (
   process_indices,
   subset_note,
   text_lines,
+  tfds_temp_folders_removed,
 )
 from mesh.errors import UserError
 
@@ -290,6 +291,7 @@ def write_wmt14(data_dir, train: tuple[list[str], list[str]], test: tuple[list[s
       for i, (en, de) in enumerate(zip(*pairs)):
         yield i, {"en": en, "de": de}
 
-  builder = Wmt14(config="de-en", data_dir=str(data_dir), file_format="array_record")
+  with tfds_temp_folders_removed():
+    builder = Wmt14(config="de-en", data_dir=str(data_dir), file_format="array_record")
   builder.download_and_prepare(
       download_config=tfds.download.DownloadConfig(manual_dir=str(data_dir)))
