@@ -33,12 +33,12 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
 
 from absl import flags
 
 from logs import compliance, resumed
 from logs import results as res
+from mesh import scratch
 from mesh.errors import UserError
 
 FV = flags.FlagValues()
@@ -526,7 +526,7 @@ def _write_whole(p: dict) -> tuple[dict, list[Verdict]]:
   final = os.path.abspath(p["out"])
   parent = os.path.dirname(final)
   os.makedirs(parent, exist_ok=True)
-  tmp = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(final)}.partial-")
+  tmp = scratch.make(f".{os.path.basename(final)}.partial-", parent)
   try:
     w = write({**p, "out": tmp})
     if os.path.isdir(final):

@@ -3,10 +3,10 @@
 The promise, checked for every case: exit status 2; exactly one stderr line starting `error: `,
 which says what is wrong (the case's needle); no traceback and no usage page; and nothing left
 behind: the --output_dir is not made, and no file or folder appears under the test's folder
-(the runs start there, so their default runs/ would land in it; it is also their temporary
-folder, TMPDIR), or in the datasets the cases read; the tokenizer cache may only gain a finished tokenizer. Datasets are built here in their
-real formats (tfds ArrayRecord, COCO layout, sentencepiece, MLPerf logs) with the builders of
-the data tests, then damaged.
+(the runs start there, so their default runs/ would land in it; their TMPDIR is there too),
+or in the datasets the cases read; the tokenizer cache may only gain a finished tokenizer.
+Datasets are built here in their real formats (tfds ArrayRecord, COCO layout, sentencepiece,
+MLPerf logs) with the builders of the data tests, then damaged.
 """
 
 import json

@@ -143,17 +143,23 @@ def test_described_coco_has_the_read_batches_shapes(coco):
 
 
 def test_a_killed_writers_partial_dataset_is_removed_and_a_live_ones_kept(tmp_path):
-  """`shapes.ensure` writes into `.shapes-<pid>-*` and renames it when whole; the folder of a
-  writer that died before its rename (SIGKILL) is removed by the next writer, a live one's kept."""
+  """`shapes.ensure` writes into `.shapes-<host>-<pid>-*` (`mesh.scratch`) and renames it when
+  whole; the folder of a writer that died before its rename (SIGKILL) is removed by the next
+  writer; a live one's is kept, and so is one of another machine sharing the folder."""
   import subprocess
   import sys
 
   from benchmarks.ssd import shapes
+  from mesh import scratch
   dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                         capture_output=True, text=True, check=True).stdout.strip()
-  (tmp_path / f".shapes-{dead}-abc123").mkdir()                  # its writer is gone
-  (tmp_path / f".shapes-{dead}-abc123" / "annotations").mkdir()
-  (tmp_path / f".shapes-{os.getpid()}-live").mkdir()              # a writer still running
+  host = scratch._host()
+  (tmp_path / f".shapes-{host}-{dead}-abc123").mkdir()            # its writer is gone
+  (tmp_path / f".shapes-{host}-{dead}-abc123" / "annotations").mkdir()
+  kept = [f".shapes-{host}-{os.getpid()}-live",                   # a writer still running
+          f".shapes-{host}x-{dead}-abc123"]                        # another machine's
+  for name in kept:
+    (tmp_path / name).mkdir()
   root = shapes.ensure(str(tmp_path / "coco"), 2, 1)
-  assert sorted(os.listdir(tmp_path)) == [f".shapes-{os.getpid()}-live", "coco"]
+  assert sorted(os.listdir(tmp_path)) == sorted(kept + ["coco"])
   assert os.path.isfile(os.path.join(root, "annotations", "instances_val2017.json"))

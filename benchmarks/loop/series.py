@@ -12,10 +12,9 @@ import contextlib
 import dataclasses
 import os
 import shutil
-import tempfile
 
 from benchmarks import registry
-from mesh import errors
+from mesh import errors, scratch
 
 
 def run_seed(base_seed: int, run_index: int) -> int:
@@ -39,7 +38,7 @@ def compiled_once():
   if jax.config.jax_compilation_cache_dir:
     yield
     return
-  folder = tempfile.mkdtemp(prefix="meshperf-series-compiles-")
+  folder = scratch.make("meshperf-series-compiles-")
   jax.config.update("jax_compilation_cache_dir", folder)
   try:
     yield

@@ -42,9 +42,10 @@ import os
 import resource
 import shutil
 import sys
-import tempfile
 import time
 from typing import Any, Callable
+
+from mesh import scratch
 
 NAMES = ("resnet", "ssd", "transformer", "lm")
 GOAL = 3.0
@@ -255,7 +256,7 @@ def measure(say: Callable[[str], None] = print, workers: tuple[int, ...] = (0, 1
               "load_average": _load()},
       "benchmarks": {}}
   _quiet_tfds()
-  root = tempfile.mkdtemp(prefix="meshperf-input-", dir=tmp_dir)
+  root = scratch.make("meshperf-input-", tmp_dir)
   t0 = time.perf_counter()
   try:
     for name in names:

@@ -19,9 +19,9 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from typing import Any, Callable
 
+from mesh import scratch
 from mesh.errors import EXIT_BAD_INPUT, RunEnded, UserError
 
 
@@ -32,7 +32,7 @@ def in_child(point, libtpu_args: str, *, with_eval: bool, say: Callable[[str], N
   import dataclasses
 
   from mesh import tpu_flags
-  with tempfile.TemporaryDirectory(prefix="meshperf-point-") as tmp:
+  with scratch.folder("meshperf-point-") as tmp:
     job, out = os.path.join(tmp, "job.json"), os.path.join(tmp, "facts.json")
     with open(job, "w") as f:
       json.dump({"point": dataclasses.asdict(point), "with_eval": with_eval,

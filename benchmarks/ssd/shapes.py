@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
-import tempfile
 
 import numpy as np
 from PIL import Image, ImageDraw
 
+from mesh import scratch
 from mesh.errors import UserError
 
 CATEGORIES = ({"id": 1, "name": "circle"}, {"id": 3, "name": "square"},
@@ -82,21 +81,6 @@ def _split(rng, n: int, folder: str, first_id: int, width: int, height: int) -> 
   return {"images": images, "annotations": annotations, "categories": list(CATEGORIES)}
 
 
-def _remove_stale(parent: str) -> None:
-  """Removes the temporary folders of writers that died before renaming theirs (a SIGKILL, a
-  power cut): `.shapes-<pid>-*` whose process is gone. A live writer's folder is left alone."""
-  for name in os.listdir(parent):
-    m = re.fullmatch(r"\.shapes-(\d+)-\w+", name)
-    if not m:
-      continue
-    try:
-      os.kill(int(m.group(1)), 0)
-    except ProcessLookupError:
-      shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
-    except (PermissionError, OverflowError):   # another user's live process; a bad number
-      pass
-
-
 def ensure(root: str, num_train: int, num_val: int, seed: int = 2017,
            size: tuple[int, int] = (WIDTH, HEIGHT)) -> str:
   """Writes the dataset under `root` unless it is there; returns root. Atomic: a half-written
@@ -109,8 +93,7 @@ def ensure(root: str, num_train: int, num_val: int, seed: int = 2017,
                     f"or new --data_dir (it writes the dataset there)")
   parent = os.path.dirname(os.path.abspath(root))
   os.makedirs(parent, exist_ok=True)
-  _remove_stale(parent)
-  tmp = tempfile.mkdtemp(dir=parent, prefix=f".shapes-{os.getpid()}-")
+  tmp = scratch.make(".shapes-", parent)    # a killed writer's is removed by the next
   try:
     rng = np.random.default_rng(seed)
     os.makedirs(os.path.join(tmp, "annotations"))
