@@ -44,6 +44,65 @@ def skip_absent_tpu() -> None:
   jax.config.update("jax_platforms", "cuda,cpu" if cuda else "cpu")
 
 
+def host_memory_bytes() -> int | None:
+  """The memory this host can still give (Linux's MemAvailable, /proc/meminfo), else its
+  physical memory; None where neither is known."""
+  try:
+    with open("/proc/meminfo") as f:
+      for line in f:
+        if line.startswith("MemAvailable:"):
+          return int(line.split()[1]) * 1024
+  except (OSError, ValueError, IndexError):
+    pass
+  try:
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+  except (OSError, ValueError, AttributeError):
+    return None
+
+
+def device_memory_bytes(device) -> tuple[int | None, str]:
+  """(bytes, what they are) one device can hold: an accelerator's own limit (`memory_stats`
+  bytes_limit); a CPU device's share of the host's available memory (this process's CPU devices
+  share it)."""
+  if device.platform != "cpu":
+    stats = device.memory_stats() or {}
+    limit = stats.get("bytes_limit")
+    return (int(limit) if limit else None), f"{device.device_kind} memory"
+  import jax
+  host = host_memory_bytes()
+  n = len(jax.local_devices(backend="cpu"))
+  if host is None:
+    return None, ""
+  return host // n, (f"a 1/{n} share of the host's {host / 2**30:.1f} GiB available" if n > 1
+                     else "the host's available memory")
+
+
+def check_fits(memory: dict, device, what: str) -> None:
+  """UserError when a compiled program's memory per device (`mesh.cost`'s memory_per_device:
+  arguments, outputs and temporaries, less what they alias) is more than `device` holds, so a run
+  that cannot fit is refused before its state is allocated rather than killed while it is."""
+  need = memory.get("total_bytes") if memory else None
+  have, whose = device_memory_bytes(device)
+  if not need or not have or need <= have:
+    return
+  raise UserError(
+      f"{what} needs {need / 2**30:.2f} GiB per device (arguments "
+      f"{memory['argument_bytes'] / 2**30:.2f}, temporaries {memory['temp_bytes'] / 2**30:.2f}), "
+      f"more than the {have / 2**30:.2f} GiB a device has here ({whose}): lower "
+      f"--global_batch_size, the model's or the input's size, or shard it over more devices "
+      f"(--mesh, --layout)")
+
+
+def check_host_fits(nbytes: int, what: str, fix: str) -> None:
+  """UserError when `nbytes` of host memory (a batch, a dataset held whole) is more than this
+  host has available: refused before it is allocated, not a MemoryError or the kernel's
+  out-of-memory kill halfway."""
+  have = host_memory_bytes()
+  if have is not None and nbytes > have:
+    raise UserError(f"{what} needs {nbytes / 2**30:,.1f} GiB of host memory, more than the "
+                    f"{have / 2**30:.1f} GiB this host has available: {fix}")
+
+
 def start_backend() -> None:
   """Starts jax's devices now, where a failure is the user's to fix: a JAX_PLATFORMS naming a
   backend this machine lacks (jax raises a bare AssertionError, or a RuntimeError) is one line."""

@@ -444,6 +444,14 @@ CASES = [
      "run i of the series takes seed --seed + i, up to 4294967297"),
     ("main", ["resnet", "--max_epochs=100000000000000"], "--max_epochs=100000000000000: at most"),
     ("main", ["resnet", "--num_runs=100000000000000"], "--num_runs=100000000000000: at most 1000"),
+    # More memory than the host or a device has: refused before it is allocated.
+    ("main", ["resnet", "--image_size=20000"],
+     "--image_size=20000 with batches of 128 images per host needs 1,144.4 GiB of host memory"),
+    ("main", ["resnet", "--image_size=5000", "--global_batch_size=8", "--eval_batch_size=8"],
+     "--dataset=digits at --image_size=5000 (its 1,797 images are held resized) needs"),
+    ("main", ["ssd", "--image_size=30000"], "--image_size=30000 with batches of"),
+    ("main", ["resnet", "--model_width=2048"],
+     "the compiled train step needs 131.03 GiB per device (arguments 60.95, temporaries"),
     # --- broken data, found before the expensive part ------------------------------------------
     ("main", ["ssd", *SSD_COCO, "--data_dir={coco_nan_box}"],
      "annotation {nan_annotation} (image"),

@@ -97,6 +97,8 @@ def build(cfg, entry, *, devs=None, process_index: int = 0, process_count: int =
       process_count, plan, eval_device=eval_device)
   state = None
   if init:
+    devices.check_fits(program.step_cost["memory_per_device"], sharder.mesh.devices.flat[0],
+                       "the compiled train step")
     program, state = step_lib.with_initial_state(program, task, init_state)
   return Built(sharder, plan, replicas, task, examples, program, state,
                lambda: step_lib.initial_state(task, sharder, init_state))

@@ -24,6 +24,7 @@ from benchmarks.data import (
   subset_note,
 )
 from benchmarks.resnet.config import IMAGENET_TRAIN_EXAMPLES
+from mesh import devices
 from mesh.errors import UserError
 
 NAMES = {"image": ("batch", "height", "width", None), "label": ("batch",),
@@ -32,11 +33,22 @@ IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32) * 255
 IMAGENET_STD = np.array([0.229, 0.224, 0.225], np.float32) * 255
 IMAGENET_TRAIN = IMAGENET_TRAIN_EXAMPLES
 IMAGENET_EVAL = 50000      # ILSVRC 2012 validation images (MLPerf evaluates on all of them)
+DIGITS = 1797              # scikit-learn's digits
 
 
 def make(cfg, process_index: int = 0, process_count: int = 1) -> Data:
   local_batch = cfg.global_batch_size // process_count
   local_eval = (cfg.eval_batch_size or cfg.global_batch_size) // process_count
+  image = cfg.image_size ** 2 * 3 * 4              # float32, as every loader hands them over
+  # A batch in the step and the next one being made, at least.
+  devices.check_host_fits(
+      2 * max(local_batch, local_eval) * image,
+      f"--image_size={cfg.image_size} with batches of {max(local_batch, local_eval):,} images "
+      f"per host", "lower --image_size or the batch sizes, or run on more hosts")
+  if cfg.dataset == "digits":      # held whole, resized: the float images and a copy in making
+    devices.check_host_fits(2 * DIGITS * image, f"--dataset=digits at --image_size="
+                            f"{cfg.image_size} (its {DIGITS:,} images are held resized)",
+                            "lower --image_size")
   if cfg.dataset == "digits":
     return _digits(cfg, local_batch, local_eval, process_index, process_count)
   if cfg.dataset == "imagenet":
