@@ -466,15 +466,16 @@ def test_time_lost_to_interruptions_is_read_from_the_logs(tmp_path):
 
 @pytest.mark.slow
 def test_a_full_disk_is_one_line_and_status_7(tmp_path):
-  """A real write error mid-run (a 4 MiB file-size limit on the process, below one checkpoint
-  of this ResNet-50, above its logs: EFBIG, as a full disk gives ENOSPC): status 7 and one
+  """A real write error mid-run (a 2 MiB file-size limit on the process, below one checkpoint
+  of this ResNet-10, above its logs: EFBIG, as a full disk gives ENOSPC): status 7 and one
   line, none of orbax's and tensorstore's error logs and tracebacks; summary.json agrees."""
   import shlex
   out = tmp_path / "run"
-  run = [sys.executable, "-m", "benchmarks.main", "resnet", "--model_depth=50", "--image_size=32",
+  run = [sys.executable, "-m", "benchmarks.main", "resnet", "--model_depth=10",
+         "--model_width=32", "--image_size=32",
          "--dataset=synthetic", "--synthetic_examples=640", "--global_batch_size=64",
          "--eval_batch_size=64", "--max_epochs=3", "--checkpoint_every=1", f"--output_dir={out}"]
-  p = subprocess.run(["bash", "-c", "ulimit -f 4096 && exec " + shlex.join(run)], cwd=ROOT,
+  p = subprocess.run(["bash", "-c", "ulimit -f 2048 && exec " + shlex.join(run)], cwd=ROOT,
                      capture_output=True, text=True, timeout=600, check=False)
   assert p.returncode == 7, p.stderr[-3000:]
   lines = [line for line in p.stderr.splitlines() if line.strip()]
