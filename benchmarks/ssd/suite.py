@@ -106,6 +106,8 @@ def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int
           shapes_only: bool = False) -> Task:
   """`shapes_only`: COCO is described, not read (compile-only runs: no ground truth, no mAP)."""
   compute_dtype(cfg.dtype)
+  if not shapes_only:
+    data_lib.check_host_memory(cfg, process_count)
   default_boxes = anchors(cfg)
   described = shapes_only and data_lib.describe(cfg, len(default_boxes), process_count)
   if described:
