@@ -10,8 +10,10 @@
   gives up after --coordinator_timeout_s: one `error:` line, exit status 6.
 - A peer SIGKILLed mid-run: the survivor (process 0) exits with status 6 and an `error:` line
   naming process 1 within --coordinator_timeout_s.
-- Three processes (a loop of tiny collectives): a frozen peer, a crashed one and a killed
-  coordinator. The last is jax's to handle: it aborts the others from C++ at once.
+- Three processes (a loop of tiny collectives): a frozen peer, a crashed one, a killed
+  coordinator, and one stuck outside the collectives with its heartbeats going on (each
+  process's hang watchdog ends it with status 8 naming itself and its last step). The killed
+  coordinator is jax's to handle: it aborts the others from C++ at once.
 
 About 3.5 minutes of CPU, nearly all compiling ResNet steps in 5 processes: 2.5 to 4 minutes
 on 2 cores shared with other work (load 4 to 9).
@@ -20,6 +22,7 @@ on 2 cores shared with other work (load 4 to 9).
 import glob
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -247,7 +250,7 @@ from benchmarks.main import run_main
 from mesh import devices, multihost
 
 def main(argv):
-  port, n, me, crash = argv[1], int(argv[2]), int(argv[3]), argv[4] == "crash"
+  port, n, me, role = argv[1], int(argv[2]), int(argv[3]), argv[4]
   devices.use_cpu_devices(1)
   multihost.maybe_initialize_distributed(f"127.0.0.1:{port}", n, me, 6)
   import jax, numpy as np
@@ -256,12 +259,19 @@ def main(argv):
   total = jax.jit(lambda x: x.sum(), out_shardings=NamedSharding(mesh, P()))
   x = jax.make_array_from_callback((n,), NamedSharding(mesh, P("d")), lambda i: np.ones(n)[i])
   float(total(x))
+  from benchmarks.loop.watchdog import Watchdog
+  watchdog = Watchdog(4 if role in ("stuck", "watch") else 0, f"process {me} of {n}",
+                      lambda detail: print("summary written", flush=True))
   print("training", flush=True)
-  t = time.time()
+  t, step = time.time(), 0
   while True:
     float(total(x))
-    if crash and time.time() - t > 3:
+    step += 1
+    watchdog.mark(step=step, doing=f"step {step + 1}")
+    if role == "crash" and time.time() - t > 3:
       raise RuntimeError("a bug")
+    if role == "stuck" and time.time() - t > 3:
+      time.sleep(3600)                # a data loader that never returns; heartbeats go on
     time.sleep(0.05)
 
 run_main(main)
@@ -270,33 +280,38 @@ run_main(main)
 
 @pytest.mark.slow
 def test_three_processes_end_together(tmp_path):
-  """--coordinator_timeout_s=6, three clusters of 3 processes at once:
+  """--coordinator_timeout_s=6, four clusters of 3 processes at once:
   - process 2 frozen (SIGSTOP): process 0's watchdog finds it silent and ends with status 6
     naming it, after marking itself failed; process 1 reads that and ends with status 6 too.
   - process 1 crashes (a Python exception): status 3 and its traceback; it marks itself
     failed and skips jax's shutdown barrier, so 0 and 2 end at once with status 6.
   - process 0 (the coordinator) SIGKILLed: jax aborts 1 and 2 from C++ within a second
-    (SIGABRT): nothing in Python runs."""
+    (SIGABRT): nothing in Python runs.
+  - process 1 stuck outside the collectives (a data loader that never returns), the others
+    waiting in one, every heartbeat going on: each hang watchdog (--hang_timeout_s=4) fires."""
   (tmp_path / "worker.py").write_text(_WORKER)
   env = {**_env(x64=False), "PYTHONPATH": ROOT}
   clusters = {}
-  for name in ("stop", "crash", "coordinator"):
+  roles = {"crash": {1: "crash"}, "hang": {0: "watch", 1: "stuck", 2: "watch"}}
+  for name in ("stop", "crash", "coordinator", "hang"):
     port = _free_port()
     clusters[name] = [subprocess.Popen(
         [sys.executable, str(tmp_path / "worker.py"), str(port), "3", str(i),
-         "crash" if name == "crash" and i == 1 else "-"], cwd=ROOT, env=env,
+         roles.get(name, {}).get(i, "-")], cwd=ROOT, env=env,
         stdout=open(tmp_path / f"{name}{i}.out", "w"),
         stderr=open(tmp_path / f"{name}{i}.err", "w")) for i in range(3)]
   every = [p for c in clusters.values() for p in c]
   try:
     for name, c in clusters.items():
       for i in range(3):
-        _wait_for(tmp_path / f"{name}{i}.out", "training", c if name != "crash" else [], 120)
+        _wait_for(tmp_path / f"{name}{i}.out", "training",
+                  c if name not in ("crash", "hang") else [], 120)
     clusters["stop"][2].send_signal(signal.SIGSTOP)
     clusters["coordinator"][0].send_signal(signal.SIGKILL)
     stop_s, coordinator_s = (_exit_times(c, 60) for c in (
         clusters["stop"][:2], clusters["coordinator"][1:]))
     _exit_times(clusters["crash"], 60)
+    _exit_times(clusters["hang"], 60)
   finally:
     for p in every:
       if p.poll() is None:
@@ -323,6 +338,23 @@ def test_three_processes_end_together(tmp_path):
   crash_s = max(ended["crash0"], ended["crash2"]) - ended["crash1"]
   assert crash_s < 20, crash_s
 
+  # Process 1 stuck outside any collective (its heartbeats go on), 0 and 2 waiting for it in
+  # one: no process marks progress, so each watchdog fires within --hang_timeout_s (4 s) of
+  # the others. Each ends with status 8 and a line naming itself and its last step, or, when a
+  # peer's ending reached it first, with status 6 naming that peer's.
+  hung = [p.returncode for p in clusters["hang"]]
+  assert set(hung) <= {6, 8} and 8 in hung, [err(f"hang{i}") for i in range(3)]
+  for i, code in enumerate(hung):
+    lines = [line for line in err(f"hang{i}").splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and "Traceback" not in err(f"hang{i}"), err(f"hang{i}")
+    if code == 8:
+      assert re.match(rf"error: process {i} of 3: no progress for \d+ s \(--hang_timeout_s=4\) "
+                      rf"after step \d+, while step \d+: a stuck", lines[0]), lines[0]
+      assert "summary written" in _read(tmp_path, f"hang{i}.out")
+    else:
+      assert re.match(r"error: process \d of 3 ended with status 8: process \d of 3: no "
+                      r"progress", lines[0]), lines[0]
+
   # Usually jax aborts them from C++ first (SIGABRT); on a loaded machine the watchdog or the
   # failed collective can see the coordinator gone first and end them with status 6, their own
   # line last even when jax's abort message races it (seen on a loaded CI machine), or jax can
@@ -337,8 +369,8 @@ def test_three_processes_end_together(tmp_path):
     else:
       assert ours, said
   assert max(coordinator_s) < 6 + 20, coordinator_s
-  print(f"frozen peer: others ended after {max(stop_s):.1f} s; crashed peer: "
-        f"{crash_s:.1f} s; killed coordinator: {max(coordinator_s):.1f} s")
+  print(f"hung peer: statuses {hung}; frozen peer: others ended after {max(stop_s):.1f} s; "
+        f"crashed peer: {crash_s:.1f} s; killed coordinator: {max(coordinator_s):.1f} s")
 
 
 _TWO_ENDINGS = '''
