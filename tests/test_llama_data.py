@@ -75,3 +75,56 @@ def test_rows_are_the_documents_end_to_end_sharing_a_token(tmp_path):
   for k in range(len(w)):
     np.testing.assert_array_equal(rows[k], stream[16 * k:16 * k + 17])
   assert (rows[1:, 0] == rows[:-1, -1]).all()
+
+
+def _cfg(**kw):
+  import dataclasses
+
+  from benchmarks.llama.config import PRESETS
+  return dataclasses.replace(PRESETS["tiny"], **kw)
+
+
+def test_batches_split_over_processes_and_evaluation_rows_are_fixed(tmp_path, monkeypatch):
+  """The tiny preset's grammar corpus, written in C4's format into the cache and read back:
+  two processes' shares of each global batch are one process's batch; an epoch never repeats
+  a row and the next epoch draws another order; the evaluation is the first eval_samples rows
+  of the validation documents in order, split and padded over the processes."""
+  from benchmarks.llama import data as data_lib
+  monkeypatch.setenv("MESHPERF_CACHE", str(tmp_path / "cache"))
+  cfg = _cfg()
+  one = data_lib.make(cfg)
+  two = [data_lib.make(cfg, i, 2) for i in range(2)]
+  assert one.steps_per_epoch == two[0].steps_per_epoch >= 2 and one.num_eval == 16
+  for epoch in (0, 1):
+    got = list(one.train(epoch))
+    halves = [list(d.train(epoch)) for d in two]
+    for b, h0, h1 in zip(got, *halves):
+      np.testing.assert_array_equal(b["inputs"], np.concatenate([h0["inputs"], h1["inputs"]]))
+      np.testing.assert_array_equal(b["inputs"][:, 1:], b["targets"][:, :-1])
+    rows = np.concatenate([b["inputs"] for b in got])
+    assert len({r.tobytes() for r in rows}) == len(rows)
+    if epoch == 0:
+      first = rows
+  assert not np.array_equal(first, rows)
+  folder = tmp_path / "cache" / "llama-grammar-400-64"
+  valid = indexed.Windows(indexed.read(str(folder / indexed.VALIDATION)), np.arange(64), 64)
+  want = valid.rows(range(16))
+  (e1,) = list(one.eval())
+  np.testing.assert_array_equal(e1["inputs"], want[:, :-1])
+  assert e1["mask"].sum() == 16
+  shares = [list(d.eval()) for d in two]
+  assert [len(s) for s in shares] == [1, 1]
+  np.testing.assert_array_equal(shares[1][0]["targets"][:8], want[1::2, 1:])
+
+
+def test_c4_folder_errors_are_one_line(tmp_path):
+  from benchmarks.llama import data as data_lib
+  with pytest.raises(UserError, match="c4-train.en_6_text_document.idx is missing"):
+    data_lib.make(_cfg(dataset="c4", data_dir=str(tmp_path)))
+  rng = np.random.default_rng(0)
+  for name in (indexed.TRAIN, indexed.VALIDATION):
+    indexed.write(str(tmp_path / name), [rng.integers(1, 1100, size=300) for _ in range(10)])
+  with pytest.raises(UserError, match="outside the model's --vocab_size=1024"):
+    data_lib.make(_cfg(dataset="c4", data_dir=str(tmp_path)))
+  with pytest.raises(UserError, match="fewer than --eval_samples=1024"):
+    data_lib.make(_cfg(dataset="c4", data_dir=str(tmp_path), vocab_size=2000, eval_samples=1024))

@@ -1,0 +1,102 @@
+"""MLPerf Training's llama31_8b (Llama 3.1 8B pretraining on C4, rulesets 5.1.0-6.1.0):
+hyperparameters and presets (no jax import here).
+
+The closed rules (mlperf-logging's `closed_llama31_8b.yaml`, the same in 5.1.0, 6.0.0 and
+6.1.0): rows of 8,192 tokens; AdamW with betas 0.9 and 0.95, epsilon 1e-5, weight decay 0.1
+and gradient clipping at global norm 1.0; `max_steps` 1,200,000 and a cosine decay over
+1,200,000 - warmup steps after a linear warmup; 1,024 evaluation rows; the target, a log
+perplexity of 3.3 on them. The global batch, base learning rate and warmup are free; the
+reference convergence points (`rcps_llama31_8b.json`) exist for global batches 16 to 128.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from benchmarks.config import Common, non_negative, positive, require
+from benchmarks.task import Spec
+from mesh.errors import UserError
+
+SPEC = Spec(mlperf_name="llama31_8b", rulesets=("5.1.0", "6.0.0", "6.1.0"),
+            metric="log perplexity", target_field="target_log_perplexity",
+            higher_is_better=False, cadence="samples", weight_unit="tokens")
+DATASETS = ("c4", "grammar")
+MAX_STEPS = 1_200_000           # the closed rule's max_steps: the schedule's length
+LLAMA31_VOCAB = 128_256
+
+
+@dataclasses.dataclass(frozen=True)
+class Config(Common):
+  # Data: MLCommons' preprocessed C4 (`benchmarks/llama/indexed.py`) in --data_dir, or the
+  # grammar corpus written in the same format (offline).
+  dataset: str = "c4"
+  max_sequence_length: int = 8192   # tokens per row (each row holds one more, the last target)
+  eval_samples: int = 1024          # the validation rows every evaluation scores
+  grammar_train_examples: int = 20000   # --dataset=grammar: training documents
+  grammar_eval_examples: int = 2000     # --dataset=grammar: validation documents
+  # Model: Llama 3.1 8B (`benchmarks/llama/model.py`).
+  vocab_size: int = LLAMA31_VOCAB   # token ids the model predicts (the data's must be below)
+  num_layers: int = 32
+  d_model: int = 4096
+  num_heads: int = 32
+  num_kv_heads: int = 8
+  d_ff: int = 14336
+  rope_theta: float = 500000.0
+  rope_scaling: bool = True         # Llama 3.1's stretch of the low rotary frequencies
+  # Optimizer: AdamW, linear warmup, cosine decay to end over max_steps - warmup_steps.
+  base_learning_rate: float = 4e-4  # the reference convergence point's at batch 16
+  end_learning_rate: float = 4e-5   # the reference's: 0.1 x base
+  warmup_steps: int = 16            # the reference convergence point's at batch 16
+  max_steps: int = MAX_STEPS
+  adam_beta1: float = 0.9
+  adam_beta2: float = 0.95
+  adam_epsilon: float = 1e-5
+  weight_decay: float = 0.1         # decoupled; not on the RMSNorm scales
+  gradient_clip_norm: float = 1.0
+  target_log_perplexity: float = 3.3
+
+
+# A few seconds on 2 cores: 2 layers of width 64 on short rows of the grammar corpus (its words,
+# 809 in all, are its token ids: the vocabulary rounds that up).
+_TINY = Config(
+    num_cpu_devices=8, mesh="data:-1", layout="batch:data", dataset="grammar",
+    max_sequence_length=64, eval_samples=16, grammar_train_examples=400,
+    grammar_eval_examples=64, vocab_size=1024, num_layers=2, d_model=64, num_heads=4,
+    num_kv_heads=2, d_ff=128, rope_theta=10000.0, rope_scaling=False, global_batch_size=16,
+    eval_batch_size=16, max_epochs=1, eval_every_samples=0, base_learning_rate=3e-3,
+    end_learning_rate=3e-4, warmup_steps=2, target_log_perplexity=2.0)
+
+PRESETS = {
+    "tiny": _TINY,
+}
+
+
+def validate(c: Config) -> None:
+  if c.dataset not in DATASETS:
+    raise UserError(f"--dataset={c.dataset}: choose one of {', '.join(DATASETS)}")
+  if c.dataset == "c4" and not c.data_dir:
+    raise UserError("--dataset=c4 reads --data_dir: the folder of MLCommons' preprocessed C4 "
+                    "(c4-train.en_6_text_document.bin/.idx and the validation pair)")
+  require(c, ("max_sequence_length", "eval_samples", "vocab_size", "num_layers", "d_model",
+              "num_heads", "num_kv_heads", "d_ff", "max_steps", "grammar_train_examples",
+              "grammar_eval_examples"), lambda v: v > 0, "must be positive")
+  if c.d_model % c.num_heads or (c.d_model // c.num_heads) % 2:
+    raise UserError(f"--d_model={c.d_model} must split into --num_heads={c.num_heads} heads of "
+                    f"an even size (rotary positions turn pairs of dimensions)")
+  if c.num_heads % c.num_kv_heads:
+    raise UserError(f"--num_heads={c.num_heads} must be a multiple of --num_kv_heads="
+                    f"{c.num_kv_heads} (each key/value head serves a group of query heads)")
+  require(c, ("base_learning_rate", "rope_theta"), positive, "must be positive")
+  require(c, ("end_learning_rate", "warmup_steps", "weight_decay", "gradient_clip_norm",
+              "adam_epsilon"), non_negative, "must be >= 0")
+  if c.end_learning_rate > c.base_learning_rate:
+    raise UserError(f"--end_learning_rate={c.end_learning_rate} is above --base_learning_rate="
+                    f"{c.base_learning_rate}; the schedule decays from base to end")
+  if c.warmup_steps >= c.max_steps:
+    raise UserError(f"--warmup_steps={c.warmup_steps} must be below --max_steps={c.max_steps}")
+  for field in ("adam_beta1", "adam_beta2"):
+    if not 0 <= getattr(c, field) < 1:
+      raise UserError(f"--{field} must be in [0, 1) (got {getattr(c, field)})")
+  if c.target_log_perplexity <= 0:
+    raise UserError(f"--target_log_perplexity={c.target_log_perplexity}: eval nats per token, "
+                    f"a positive number (lower is better)")

@@ -1,0 +1,122 @@
+"""llama31_8b's data: rows of max_sequence_length + 1 tokens from MLCommons' preprocessed C4, or
+from the grammar corpus written in the same format.
+
+As the reference samples them (mlcommons/training, `small_llm_pretraining/nemo`: Megatron's
+GPTDataset): the training documents are put end to end in a seeded order, cut into rows that
+share one boundary token with their neighbours, and the rows are drawn in a seeded order, a new
+one each epoch; every process computes the same order and keeps its share of each global batch.
+The evaluation scores the first `eval_samples` rows of the validation documents in file order,
+the same rows at every evaluation; each process takes a strided share, padded with rows of
+`mask` 0 so every row counts once whatever the process count.
+
+A row's inputs are its first max_sequence_length tokens and its targets its last; attention
+runs across documents within a row and positions run from 0, as the reference trains.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+
+from benchmarks.common import grammar
+from benchmarks.data import Data, array_batches, num_steps, padded, process_indices
+from benchmarks.llama import indexed
+from mesh import devices, scratch
+from mesh.errors import UserError
+
+NAMES = {"inputs": ("batch", "length"), "targets": ("batch", "length"), "mask": ("batch",)}
+
+
+def grammar_dataset(cfg) -> str:
+  """The grammar corpus (English sentence = its German translation, a document each) as the two
+  indexed datasets C4 ships, in the cache; ids are words by first appearance, from 1. Written
+  once per size, atomically."""
+  folder = os.path.join(devices.cache_root(), f"llama-grammar-{cfg.grammar_train_examples}-"
+                                              f"{cfg.grammar_eval_examples}")
+  if os.path.exists(os.path.join(folder, indexed.VALIDATION + ".idx")):
+    return folder
+  splits = {indexed.TRAIN: grammar.corpus(cfg.grammar_train_examples, 1),
+            indexed.VALIDATION: grammar.corpus(cfg.grammar_eval_examples, 2)}
+  vocab: dict[str, int] = {}
+  docs = {name: [np.array([vocab.setdefault(w, len(vocab) + 1)
+                           for w in f"{e} = {d}".split()], np.int32) for e, d in zip(*pair)]
+          for name, pair in splits.items()}
+  os.makedirs(os.path.dirname(folder), exist_ok=True)
+  tmp = scratch.make(f".{os.path.basename(folder)}-", os.path.dirname(folder))
+  try:
+    for name, d in docs.items():
+      indexed.write(os.path.join(tmp, name), d)
+    try:
+      os.rename(tmp, folder)
+    except OSError:            # another process finished first
+      if not os.path.exists(os.path.join(folder, indexed.VALIDATION + ".idx")):
+        raise
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
+  return folder
+
+
+def _rows(ds: indexed.Indexed, order: np.ndarray, cfg, what: str) -> indexed.Windows:
+  rows = indexed.Windows(ds, order, cfg.max_sequence_length)
+  if not len(rows):
+    raise UserError(f"{what} has {ds.num_tokens:,} tokens, not one row of "
+                    f"--max_sequence_length={cfg.max_sequence_length} + 1")
+  return rows
+
+
+def _batch(rows: np.ndarray) -> dict[str, np.ndarray]:
+  return {"inputs": rows[:, :-1], "targets": rows[:, 1:]}
+
+
+def _check_ids(rows: np.ndarray, cfg, what: str) -> None:
+  top = int(rows.max()) if rows.size else 0
+  if top >= cfg.vocab_size or (rows.size and int(rows.min()) < 0):
+    raise UserError(f"{what} holds token id {top}, outside the model's --vocab_size="
+                    f"{cfg.vocab_size} (Llama 3.1's is 128,256)")
+
+
+def make(cfg, process_index: int = 0, process_count: int = 1) -> Data:
+  folder = grammar_dataset(cfg) if cfg.dataset == "grammar" else cfg.data_dir
+  if not os.path.isdir(folder):
+    raise UserError(f"--data_dir={folder} does not exist")
+  train_ds = indexed.read(os.path.join(folder, indexed.TRAIN))
+  valid_ds = indexed.read(os.path.join(folder, indexed.VALIDATION))
+  G = cfg.global_batch_size
+  ge = cfg.eval_batch_size or G
+  local, local_eval = G // process_count, ge // process_count
+
+  # Training rows: the count is the same in every epoch's document order (only whole rows).
+  rows0 = _rows(train_ds, np.arange(train_ds.num_documents), cfg, f"{train_ds.prefix}.bin")
+  steps = len(rows0) // G
+  if steps == 0:
+    raise UserError(f"{train_ds.prefix}.bin makes {len(rows0):,} rows of "
+                    f"{cfg.max_sequence_length} + 1 tokens, fewer than one batch of {G}")
+
+  def train(epoch: int):
+    rng = np.random.default_rng([cfg.seed, epoch])
+    rows = indexed.Windows(train_ds, rng.permutation(train_ds.num_documents),
+                           cfg.max_sequence_length)
+    order = rng.permutation(len(rows))[:steps * G]
+    for ids in order.reshape(steps, process_count, local)[:, process_index]:
+      yield _batch(rows.rows(ids))
+
+  valid = _rows(valid_ds, np.arange(valid_ds.num_documents), cfg, f"{valid_ds.prefix}.bin")
+  if len(valid) < cfg.eval_samples:
+    raise UserError(f"{valid_ds.prefix}.bin makes {len(valid):,} rows of "
+                    f"{cfg.max_sequence_length} + 1 tokens, fewer than --eval_samples="
+                    f"{cfg.eval_samples}")
+  mine = valid.rows(process_indices(cfg.eval_samples, process_index, process_count))
+  _check_ids(mine, cfg, f"{valid_ds.prefix}.bin")
+  eval_arrays = _batch(mine)
+  eval_steps = num_steps(cfg.eval_samples, local_eval * process_count)
+
+  def evaluate():
+    return padded(array_batches(eval_arrays, local_eval), local_eval, eval_steps, eval_arrays)
+
+  first = next(train(0))
+  _check_ids(np.concatenate([first["inputs"], first["targets"][:, -1:]], 1), cfg,
+             f"{train_ds.prefix}.bin")
+  return Data(f"c4 ({folder})" if cfg.dataset == "c4" else "grammar (C4's format)",
+              steps * G, cfg.eval_samples, steps, eval_steps, train, evaluate, NAMES)
