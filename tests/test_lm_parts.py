@@ -11,6 +11,7 @@ import pytest
 import yaml
 from flax import linen as nn
 
+from benchmarks.common import disclosures
 from benchmarks.common import tokenizer as tok_lib
 from benchmarks.common import transformer as common_transformer
 from benchmarks.lm import data as data_lib
@@ -201,7 +202,7 @@ def test_hparams_log_every_key_the_llama31_8b_rules_require(tiny):
 @pytest.mark.parametrize("name,devices,tensor,data", [
     ("cpu", 8, 1, 8), ("cpu-model", 8, 8, 1), ("cpu-2d", 8, 8, 1), ("tpu-v3-512", 512, 32, 16)])
 def test_parallelism_disclosures_follow_the_layout(name, devices, tensor, data):
-  par = suite.parallelism(PRESETS[name], devices)
+  par = disclosures.parallelism(PRESETS[name], devices, suite.MODEL_DIMS)
   assert (par["tensor"], par["context"], par["data"]) == (tensor, 1, data)
   keys = dict((k, v) for k, v, *_ in suite.hparams(PRESETS[name], 100, devices, 1))
   assert keys["config_filename"] == f"benchmarks/lm/config.py:{name}"

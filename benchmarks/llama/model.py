@@ -22,9 +22,10 @@ and up (embed, d_ff), down (d_ff, embed) and two RMSNorm scales (embed,). A layo
 `batch:data`, `heads:model;kv_heads:model;d_ff:model;vocab:model`, or one splitting `embed` over
 the data axes too (parameters sharded fully), shards the same code.
 
-Packed rows: a token attends only to earlier tokens of its own segment (ids > 0), and positions
-restart at 0 in every segment. The logits at position i predict token i + 1 (the targets are the
-inputs shifted left by the loss, as in Meta's and MLPerf's reference training).
+Packed rows (optional; the reference does not reset at document boundaries): a token attends
+only to earlier tokens of its own segment (ids > 0; by default the whole row is one), and
+positions restart at 0 in every segment. The logits at position i predict token i + 1 (the
+targets are the inputs shifted left, as in Meta's and MLPerf's reference training).
 """
 
 from __future__ import annotations
@@ -196,7 +197,8 @@ class Llama(nn.Module):
   def __call__(self, tokens, segment=None, position=None):
     s, f = self.shape, param_dtype(self.dtype)
     s.check()
-    segment = (tokens > 0).astype(jnp.int32) if segment is None else segment
+    # One segment unless told (id 0 is a real token of Llama 3.1's vocabulary, not padding).
+    segment = jnp.ones_like(tokens, jnp.int32) if segment is None else segment
     position = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape) \
         if position is None else position
     embedding = self.param("embedding", named_init(nn.initializers.normal(1.0),

@@ -4,12 +4,11 @@ hyperparameter keys, 6.1.0's `common.yaml` the precision and parallelism disclos
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 import optax
 
+from benchmarks.common import disclosures
 from benchmarks.common.layers import compute_dtype
 from benchmarks.common.transformer import check_backend, padded_vocab, xent
 from benchmarks.lm import data as data_lib
@@ -17,7 +16,7 @@ from benchmarks.lm.config import PRESETS, Config
 from benchmarks.lm.model import LanguageModel
 from benchmarks.task import TRAIN_FLOPS, LossAux, Task
 from logs.mlperf import C
-from mesh.spec import parse_layout, parse_mesh
+from mesh.spec import parse_mesh
 
 # Dimension names of the model's tensors other than batch and length: splitting any of them is
 # tensor (model) parallelism; splitting length would be context parallelism.
@@ -26,7 +25,6 @@ MODEL_DIMS = ("embed", "heads", "d_kv", "d_ff", "vocab")
 # optimization can act on (`optimizations.check_applies`; a test checks them against the model).
 DIMENSIONS = ("batch", "length") + MODEL_DIMS
 SCHEDULE = "cosine with linear warmup"
-_PRECISION = {"float32": "fp32", "bfloat16": "bfloat16", "float64": "fp64"}
 
 
 def make_model(cfg: Config, real_vocab: int, dtype=None) -> LanguageModel:
@@ -83,18 +81,6 @@ def optimizer(cfg: Config, lr) -> optax.GradientTransformation:
   return adam
 
 
-def parallelism(cfg: Config, num_devices: int) -> dict[str, int]:
-  """MLPerf 6.1.0 disclosures from the mesh and layout: tensor parallelism is the number of
-  devices the model dimensions are split over, context parallelism those of `length`."""
-  mesh = parse_mesh(cfg.mesh).resolve(num_devices)
-  layout = parse_layout(cfg.layout)
-  sizes = dict(mesh.axes)
-
-  def ways(dims):
-    return math.prod(sizes[a] for a in {a for d in dims for a in layout.axes_for(d) if a in sizes})
-  return {"tensor": ways(MODEL_DIMS), "context": ways(("length",)), "data": ways(("batch",))}
-
-
 def _devices(cfg: Config, shapes_only: bool) -> int:
   """The devices the run's mesh covers: this process's view, or (compile-only, where the devices
   are a TPU slice's and not jax.devices()) the mesh string's own size when it names every axis."""
@@ -113,12 +99,6 @@ def hparams(cfg: Config, steps_per_epoch: int, num_devices: int, micro_batch: in
   logs (seed, global_batch_size, gradient_accumulation_steps, train/eval_samples).
   `micro_batch`: examples per replica per forward pass (batch / (replicas x micro-batches))."""
   adam = "adamw" if cfg.optimizer == "adamw" else "adam"
-  par = parallelism(cfg, num_devices)
-  linear = _PRECISION[cfg.dtype]
-  # Model-parallel layouts all-reduce activations in the compute dtype; gradients of the float32
-  # (float64) parameters travel in the parameter dtype.
-  comm = linear if par["tensor"] > 1 or par["context"] > 1 else \
-      _PRECISION["float64" if cfg.dtype == "float64" else "float32"]
   keys = [
       (C.OPT_NAME, cfg.optimizer),
       (C.OPT_BASE_LR, cfg.base_learning_rate),
@@ -135,17 +115,9 @@ def hparams(cfg: Config, steps_per_epoch: int, num_devices: int, micro_batch: in
       (C.OPT_GRADIENT_CLIP_NORM, cfg.gradient_clip_norm),
       (C.MAX_STEPS, total_steps(cfg, steps_per_epoch)),
       (C.MAX_SEQUENCE_LENGTH, cfg.max_sequence_length,
-       {"method": "packed" if cfg.packing else "one sentence per row"}),
-      (C.LOWEST_NUMERICAL_PRECISION_IN_LINEAR, linear),
-      (C.LOWEST_NUMERICAL_PRECISION_IN_ATTN, linear),
-      (C.LOWEST_NUMERICAL_PRECISION_IN_COMM, comm),
-      (C.TENSOR_PARALLELISM, par["tensor"]),
-      (C.PIPELINE_PARALLELISM, 1),
-      (C.CONTEXT_PARALLELISM, par["context"]),
-      (C.EXPERT_PARALLELISM, 1),
-      (C.MICRO_BATCH_SIZE, micro_batch),
-      (C.CONFIG_FILENAME, config_name(cfg))]
-  return tuple(keys)
+       {"method": "packed" if cfg.packing else "one sentence per row"})]
+  return tuple(keys + disclosures.keys(cfg, num_devices, MODEL_DIMS, micro_batch,
+                                       config_name(cfg)))
 
 
 def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int = 1,
