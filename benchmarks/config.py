@@ -144,6 +144,20 @@ MAX_SEED = 2**32 - 1
 MAX_EPOCHS = 100_000
 
 
+def check_adam_and_perplexity(c) -> None:
+  """A language model's Adam(W) with a decaying rate and its log-perplexity target: the end rate
+  at most the base, betas in [0, 1), a positive target."""
+  if c.end_learning_rate > c.base_learning_rate:
+    raise UserError(f"--end_learning_rate={c.end_learning_rate} is above --base_learning_rate="
+                    f"{c.base_learning_rate}; the schedule decays from base to end")
+  for field in ("adam_beta1", "adam_beta2"):
+    if not 0 <= getattr(c, field) < 1:
+      raise UserError(f"--{field} must be in [0, 1) (got {getattr(c, field)})")
+  if c.target_log_perplexity <= 0:
+    raise UserError(f"--target_log_perplexity={c.target_log_perplexity}: eval nats per token, "
+                    f"a positive number (lower is better)")
+
+
 def check_finite(c: Any) -> None:
   """No number field of a config is NaN or infinite: every comparison with NaN is false, so a
   NaN target would never be reached (the run trains to its epoch limit) and a NaN rate trains

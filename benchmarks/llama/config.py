@@ -13,7 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from benchmarks.config import Common, non_negative, positive, require
+from benchmarks.config import (
+  Common,
+  check_adam_and_perplexity,
+  non_negative,
+  positive,
+  require,
+)
 from benchmarks.task import Spec
 from mesh.errors import UserError
 
@@ -89,14 +95,6 @@ def validate(c: Config) -> None:
   require(c, ("base_learning_rate", "rope_theta"), positive, "must be positive")
   require(c, ("end_learning_rate", "warmup_steps", "weight_decay", "gradient_clip_norm",
               "adam_epsilon"), non_negative, "must be >= 0")
-  if c.end_learning_rate > c.base_learning_rate:
-    raise UserError(f"--end_learning_rate={c.end_learning_rate} is above --base_learning_rate="
-                    f"{c.base_learning_rate}; the schedule decays from base to end")
   if c.warmup_steps >= c.max_steps:
     raise UserError(f"--warmup_steps={c.warmup_steps} must be below --max_steps={c.max_steps}")
-  for field in ("adam_beta1", "adam_beta2"):
-    if not 0 <= getattr(c, field) < 1:
-      raise UserError(f"--{field} must be in [0, 1) (got {getattr(c, field)})")
-  if c.target_log_perplexity <= 0:
-    raise UserError(f"--target_log_perplexity={c.target_log_perplexity}: eval nats per token, "
-                    f"a positive number (lower is better)")
+  check_adam_and_perplexity(c)

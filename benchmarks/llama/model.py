@@ -76,14 +76,6 @@ class Shape:
   def d_kv(self) -> int:
     return self.d_model // self.num_heads
 
-  def check(self) -> None:
-    if self.d_model % self.num_heads or self.d_kv % 2:
-      raise ValueError(f"d_model {self.d_model} must split into {self.num_heads} heads of an "
-                       f"even size")
-    if self.num_heads % self.num_kv_heads:
-      raise ValueError(f"{self.num_heads} query heads must be a multiple of the "
-                       f"{self.num_kv_heads} key/value heads")
-
 
 def rope_frequencies(d_kv: int, theta: float, scaling: RopeScaling | None) -> np.ndarray:
   """The d_kv / 2 rotation frequencies (radians per position): theta ** (-2i / d_kv), and with
@@ -196,7 +188,6 @@ class Llama(nn.Module):
   @nn.compact
   def __call__(self, tokens, segment=None, position=None):
     s, f = self.shape, param_dtype(self.dtype)
-    s.check()
     # One segment unless told (id 0 is a real token of Llama 3.1's vocabulary, not padding).
     segment = jnp.ones_like(tokens, jnp.int32) if segment is None else segment
     position = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape) \

@@ -16,6 +16,7 @@ import dataclasses
 from benchmarks.config import (
   GPU_XLA_FLAGS,
   Common,
+  check_adam_and_perplexity,
   check_attention,
   non_negative,
   positive,
@@ -175,15 +176,7 @@ def validate(c: Config) -> None:
   require(c, ("warmup_steps", "decay_steps", "weight_decay", "gradient_clip_norm",
               "end_learning_rate", "adam_epsilon"), non_negative, "must be >= 0")
   require(c, ("base_learning_rate",), positive, "must be positive")
-  if c.end_learning_rate > c.base_learning_rate:
-    raise UserError(f"--end_learning_rate={c.end_learning_rate} is above --base_learning_rate="
-                    f"{c.base_learning_rate}; the schedule decays from base to end")
-  for field in ("adam_beta1", "adam_beta2"):
-    if not 0 <= getattr(c, field) < 1:
-      raise UserError(f"--{field} must be in [0, 1) (got {getattr(c, field)})")
-  if c.target_log_perplexity <= 0:
-    raise UserError(f"--target_log_perplexity={c.target_log_perplexity}: eval nats per token, "
-                    f"a positive number (lower is better)")
+  check_adam_and_perplexity(c)
   if c.tokenizer:   # a bad path fails now, not after the corpus is read (or a vocabulary trained)
     from benchmarks.common import tokenizer
     tokenizer.check(c.tokenizer, c.vocab_size)
