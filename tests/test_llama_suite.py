@@ -79,3 +79,13 @@ def test_the_tiny_preset_learns_and_decays_only_matrices(tmp_path, monkeypatch):
   stats = task.eval_stats(params, {}, {k: jnp.asarray(v) for k, v in e.items()})
   assert float(stats["tokens"]) == 16 * 64
   assert 0 < task.quality(stats) < losses[0]
+
+
+def test_c4_is_described_for_compile_only_runs():
+  """Shapes only: C4's published size in rows (its 83,976,774,280-byte .bin of int32 ids), the
+  evaluation rows, a batch's shapes; nothing read (no --data_dir)."""
+  cfg = dataclasses.replace(PRESETS["tiny"], dataset="c4", data_dir="")
+  task = suite.build(cfg, replicas=8, process_count=2, shapes_only=True)
+  assert task.data.num_train == (83_976_774_280 // 4 - 1) // 64 and task.data.num_eval == 16
+  train, evals = task.data.example_batches()
+  assert train["inputs"].shape == (8, 64) and evals["mask"].shape == (8,)

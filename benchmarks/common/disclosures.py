@@ -26,6 +26,14 @@ def parallelism(cfg, num_devices: int, model_dims: tuple[str, ...]) -> dict[str,
   return {"tensor": ways(model_dims), "context": ways(("length",)), "data": ways(("batch",))}
 
 
+def devices(cfg, shapes_only: bool) -> int:
+  """The devices the run's mesh covers: this process's view, or (compile-only, where the devices
+  are a TPU slice's and not jax.devices()) the mesh string's own size when it names every axis."""
+  import jax
+  spec = parse_mesh(cfg.mesh)
+  return spec.size if shapes_only and -1 not in spec.shape else jax.device_count()
+
+
 def keys(cfg, num_devices: int, model_dims: tuple[str, ...], micro_batch: int,
          config_filename: str) -> list[tuple]:
   """The disclosure keys as (key, value) pairs. Model-parallel layouts all-reduce activations

@@ -72,9 +72,37 @@ _TINY = Config(
     eval_batch_size=16, max_epochs=1, eval_every_samples=0, base_learning_rate=3e-3,
     end_learning_rate=3e-4, warmup_steps=2, target_log_perplexity=2.0)
 
+# The layouts: data-parallel, and the model split by heads (query and key/value), feed-forward
+# and vocabulary over a model axis, alone or beside a data axis.
+MODEL_PARALLEL = "heads:model;kv_heads:model;d_ff:model;vocab:model"
+LAYOUTS = {
+    "data": ("data:-1", "batch:data"),
+    "model": ("model:-1", MODEL_PARALLEL),
+    "hybrid": ("data:4,model:2", "batch:data;" + MODEL_PARALLEL),
+}
+
 PRESETS = {
     "tiny": _TINY,
+    # 8 simulated CPU devices, data-parallel, the grammar corpus in C4's format: a 4-layer Llama
+    # of width 128 on rows of 128 tokens. Not yet run through the loop (the benchmark is not
+    # registered): its target is a guess until it is.
+    "cpu": dataclasses.replace(
+        _TINY, max_sequence_length=128, eval_samples=128, grammar_train_examples=20000,
+        grammar_eval_examples=1000, num_layers=4, d_model=128, num_heads=8, num_kv_heads=2,
+        d_ff=384, global_batch_size=32, eval_batch_size=64, max_epochs=4,
+        eval_every_samples=3200, base_learning_rate=3e-3, end_learning_rate=3e-4,
+        warmup_steps=50, target_log_perplexity=1.5),
 }
+
+# `./run.sh ablate llama`: (label, mesh, layout, optimizations); the first row of each mesh is
+# its baseline.
+ABLATIONS = (
+    ("data-parallel", "data:8", LAYOUTS["data"][1], "distributed_eval"),
+    ("+ weight_update_sharding", "data:8", LAYOUTS["data"][1],
+     "distributed_eval,weight_update_sharding"),
+    ("model-parallel", "model:8", LAYOUTS["model"][1], "distributed_eval"),
+    ("hybrid 4 x 2", LAYOUTS["hybrid"][0], LAYOUTS["hybrid"][1], "distributed_eval"),
+)
 
 
 def validate(c: Config) -> None:

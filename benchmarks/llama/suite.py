@@ -89,9 +89,8 @@ def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int
   """`replicas`: the ways each forward pass's batch is split, so a replica's micro-batch is
   global_batch_size / replicas."""
   dtype = compute_dtype(cfg.dtype)
-  if shapes_only:
-    raise NotImplementedError("llama31_8b has no described C4 yet (compile-only runs)")
-  data = data_lib.make(cfg, process_index, process_count)
+  data = (shapes_only and data_lib.describe(cfg, process_count)) or data_lib.make(
+      cfg, process_index, process_count)
   model = model_lib.Llama(shape(cfg), dtype)
   lr = schedule(cfg)
 
@@ -121,6 +120,7 @@ def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int
   return Task(
       init=init, loss=loss, eval_stats=eval_stats, quality=quality,
       optimizer=optimizer(cfg, lr), learning_rate=lr, data=data,
-      hparams=hparams(cfg, jax.device_count(), max(1, cfg.global_batch_size // replicas)),
+      hparams=hparams(cfg, disclosures.devices(cfg, shapes_only),
+                      max(1, cfg.global_batch_size // replicas)),
       flops_per_example=TRAIN_FLOPS * model_lib.forward_flops(shape(cfg),
                                                               cfg.max_sequence_length))

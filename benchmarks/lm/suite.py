@@ -16,7 +16,6 @@ from benchmarks.lm.config import PRESETS, Config
 from benchmarks.lm.model import LanguageModel
 from benchmarks.task import TRAIN_FLOPS, LossAux, Task
 from logs.mlperf import C
-from mesh.spec import parse_mesh
 
 # Dimension names of the model's tensors other than batch and length: splitting any of them is
 # tensor (model) parallelism; splitting length would be context parallelism.
@@ -79,13 +78,6 @@ def optimizer(cfg: Config, lr) -> optax.GradientTransformation:
   if cfg.gradient_clip_norm > 0:
     return optax.chain(optax.clip_by_global_norm(cfg.gradient_clip_norm), adam)
   return adam
-
-
-def _devices(cfg: Config, shapes_only: bool) -> int:
-  """The devices the run's mesh covers: this process's view, or (compile-only, where the devices
-  are a TPU slice's and not jax.devices()) the mesh string's own size when it names every axis."""
-  spec = parse_mesh(cfg.mesh)
-  return spec.size if shapes_only and -1 not in spec.shape else jax.device_count()
 
 
 def config_name(cfg: Config) -> str:
@@ -166,6 +158,6 @@ def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int
   return Task(
       init=init, loss=loss, eval_stats=eval_stats, quality=quality,
       optimizer=optimizer(cfg, lr), learning_rate=lr, data=data,
-      hparams=hparams(cfg, data.steps_per_epoch, _devices(cfg, shapes_only),
+      hparams=hparams(cfg, data.steps_per_epoch, disclosures.devices(cfg, shapes_only),
                       max(1, cfg.global_batch_size // replicas)),
       flops_per_example=TRAIN_FLOPS * model.forward_flops(cfg.max_sequence_length))
