@@ -341,12 +341,20 @@ def test_three_processes_end_together(tmp_path):
   # Process 1 stuck outside any collective (its heartbeats go on), 0 and 2 waiting for it in
   # one: no process marks progress, so each watchdog fires within --hang_timeout_s (4 s) of
   # the others. Each ends with status 8 and a line naming itself and its last step, or, when a
-  # peer's ending reached it first, with status 6 naming that peer's.
+  # peer's ending reached it first, with status 6 naming that peer's; or, when process 0 (the
+  # coordinator) ended first, jax aborts it from C++ as in the killed-coordinator cluster
+  # (SIGABRT: seen once in a full suite, 2 of 3 with status 8).
   hung = [p.returncode for p in clusters["hang"]]
-  assert set(hung) <= {6, 8} and 8 in hung, [err(f"hang{i}") for i in range(3)]
+  said = [err(f"hang{i}") for i in range(3)]
+  assert hung[0] == 8 or hung[0] == 6, said                  # the coordinator ends itself
+  assert set(hung) <= {6, 8, -signal.SIGABRT} and 8 in hung, said
   for i, code in enumerate(hung):
-    lines = [line for line in err(f"hang{i}").splitlines() if line.startswith("error: ")]
-    assert len(lines) == 1 and "Traceback" not in err(f"hang{i}"), err(f"hang{i}")
+    if code == -signal.SIGABRT:
+      assert "JAX distributed service detected fatal errors" in said[i] or any(
+          line.startswith("error: ") for line in said[i].splitlines()), said[i]
+      continue
+    lines = [line for line in said[i].splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and "Traceback" not in said[i], said[i]
     if code == 8:
       assert re.match(rf"error: process {i} of 3: no progress for \d+ s \(--hang_timeout_s=4\) "
                       rf"after step \d+, while step \d+: a stuck", lines[0]), lines[0]
