@@ -15,7 +15,7 @@ import re
 import shutil
 import socket
 import tempfile
-from typing import Iterator
+from typing import Callable, Iterator
 
 
 def _host() -> str:
@@ -62,3 +62,26 @@ def folder(prefix: str, parent: str | None = None) -> Iterator[str]:
     yield path
   finally:
     shutil.rmtree(path, ignore_errors=True)
+
+
+def publish(folder: str, marker: str, fill: Callable[[str], None],
+            prefix: str | None = None) -> str:
+  """`folder`, written whole or not at all: unless its `marker` file (relative to it) is there,
+  `fill(tmp)` writes into a folder of ours beside it (`make` with `prefix`, by default
+  `.<folder's name>-`), which is then renamed into place. If another process renamed its own
+  first, theirs is kept. Returns `folder`."""
+  if os.path.exists(os.path.join(folder, marker)):
+    return folder
+  parent = os.path.dirname(os.path.abspath(folder))
+  os.makedirs(parent, exist_ok=True)
+  tmp = make(prefix or f".{os.path.basename(folder)}-", parent)
+  try:
+    fill(tmp)
+    try:
+      os.rename(tmp, folder)
+    except OSError:            # another process finished first
+      if not os.path.exists(os.path.join(folder, marker)):
+        raise
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
+  return folder

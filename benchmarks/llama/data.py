@@ -16,7 +16,6 @@ runs across documents within a row and positions run from 0, as the reference tr
 from __future__ import annotations
 
 import os
-import shutil
 
 import numpy as np
 
@@ -56,27 +55,16 @@ def grammar_dataset(cfg) -> str:
   once per size, atomically."""
   folder = os.path.join(devices.cache_root(), f"llama-grammar-{cfg.grammar_train_examples}-"
                                               f"{cfg.grammar_eval_examples}")
-  if os.path.exists(os.path.join(folder, indexed.VALIDATION + ".idx")):
-    return folder
-  splits = {indexed.TRAIN: grammar.corpus(cfg.grammar_train_examples, 1),
-            indexed.VALIDATION: grammar.corpus(cfg.grammar_eval_examples, 2)}
-  vocab: dict[str, int] = {}
-  docs = {name: [np.array([vocab.setdefault(w, len(vocab) + 1)
-                           for w in f"{e} = {d}".split()], np.int32) for e, d in zip(*pair)]
-          for name, pair in splits.items()}
-  os.makedirs(os.path.dirname(folder), exist_ok=True)
-  tmp = scratch.make(f".{os.path.basename(folder)}-", os.path.dirname(folder))
-  try:
-    for name, d in docs.items():
-      indexed.write(os.path.join(tmp, name), d)
-    try:
-      os.rename(tmp, folder)
-    except OSError:            # another process finished first
-      if not os.path.exists(os.path.join(folder, indexed.VALIDATION + ".idx")):
-        raise
-  finally:
-    shutil.rmtree(tmp, ignore_errors=True)
-  return folder
+
+  def fill(tmp):
+    splits = {indexed.TRAIN: grammar.corpus(cfg.grammar_train_examples, 1),
+              indexed.VALIDATION: grammar.corpus(cfg.grammar_eval_examples, 2)}
+    vocab: dict[str, int] = {}
+    for name, (en, de) in splits.items():
+      indexed.write(os.path.join(tmp, name), [
+          np.array([vocab.setdefault(w, len(vocab) + 1) for w in f"{e} = {d}".split()], np.int32)
+          for e, d in zip(en, de)])
+  return scratch.publish(folder, indexed.VALIDATION + ".idx", fill)
 
 
 def _rows(ds: indexed.Indexed, order: np.ndarray, cfg, what: str) -> indexed.Windows:
@@ -136,8 +124,6 @@ def make(cfg, process_index: int = 0, process_count: int = 1) -> Data:
   def evaluate():
     return padded(array_batches(eval_arrays, local_eval), local_eval, eval_steps, eval_arrays)
 
-  first = next(train(0))
-  _check_ids(np.concatenate([first["inputs"], first["targets"][:, -1:]], 1), cfg,
-             f"{train_ds.prefix}.bin")
+  _check_ids(rows0.rows(range(G)), cfg, f"{train_ds.prefix}.bin")
   return Data(f"c4 ({folder})" if cfg.dataset == "c4" else "grammar (C4's format)",
               steps * G, cfg.eval_samples, steps, eval_steps, train, evaluate, NAMES)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -86,15 +85,14 @@ def ensure(root: str, num_train: int, num_val: int, seed: int = 2017,
   """Writes the dataset under `root` unless it is there; returns root. Atomic: a half-written
   dataset is never left under `root`. `size`: (width, height) of every image (COCO's are about
   640x480; shapes scale with it)."""
-  if os.path.exists(os.path.join(root, "annotations", "instances_val2017.json")):
+  marker = os.path.join("annotations", "instances_val2017.json")
+  if os.path.exists(os.path.join(root, marker)):
     return root
   if os.path.isdir(root) and os.listdir(root):
     raise UserError(f"{root} exists and holds no shapes dataset; give --dataset=shapes an empty "
                     f"or new --data_dir (it writes the dataset there)")
-  parent = os.path.dirname(os.path.abspath(root))
-  os.makedirs(parent, exist_ok=True)
-  tmp = scratch.make(".shapes-", parent)    # a killed writer's is removed by the next
-  try:
+
+  def fill(tmp):
     rng = np.random.default_rng(seed)
     os.makedirs(os.path.join(tmp, "annotations"))
     for split, n, first in (("train2017", num_train, 1), ("val2017", num_val, 10**6)):
@@ -102,11 +100,4 @@ def ensure(root: str, num_train: int, num_val: int, seed: int = 2017,
       coco = _split(rng, n, os.path.join(tmp, split), first, *size)
       with open(os.path.join(tmp, "annotations", f"instances_{split}.json"), "w") as f:
         json.dump(coco, f)
-    try:
-      os.rename(tmp, root)
-    except OSError:            # another process finished first
-      if not os.path.exists(os.path.join(root, "annotations", "instances_val2017.json")):
-        raise
-  finally:
-    shutil.rmtree(tmp, ignore_errors=True)
-  return root
+  return scratch.publish(root, marker, fill, ".shapes-")   # a killed writer's: the next removes it
