@@ -15,12 +15,12 @@ import dataclasses
 import glob
 import json
 import os
-import shutil
 import tempfile
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
+from mesh import devices, scratch
 from mesh.errors import UserError
 
 Batch = dict[str, np.ndarray]
@@ -168,6 +168,16 @@ def text_lines(path: str, what: str) -> list[str]:
   return text.split("\n")[:-1] if text.endswith("\n") else text.split("\n")
 
 
+def check_image_batches(cfg, process_count: int, bytes_per_value: int) -> None:
+  """A batch of `cfg.image_size` square RGB images (train or eval, the larger), two of them (one
+  in the step and the next being made, at least), fits in this host's available memory: refused
+  in one line before anything is sized by the image (`mesh.devices.check_host_fits`)."""
+  local = max(cfg.global_batch_size, cfg.eval_batch_size or cfg.global_batch_size) // process_count
+  devices.check_host_fits(2 * local * cfg.image_size ** 2 * 3 * bytes_per_value,
+                          f"--image_size={cfg.image_size} with batches of {local:,} images per "
+                          f"host", "lower --image_size or the batch sizes, or run on more hosts")
+
+
 @contextlib.contextmanager
 def tfds_temp_folders_removed():
   """Around making a tensorflow-datasets builder for a dataset not yet prepared: tfds then tries
@@ -176,14 +186,13 @@ def tfds_temp_folders_removed():
   anything, leaving that empty folder for good (`DatasetInfo.initialize_from_bucket`,
   tensorflow-datasets 4.9). Python's temporary folder is pointed at one of ours meanwhile,
   removed after. Main thread, around the constructor only."""
-  folder = tempfile.mkdtemp(prefix="meshperf-tfds-")
-  before = tempfile.tempdir
-  tempfile.tempdir = folder
-  try:
-    yield
-  finally:
-    tempfile.tempdir = before
-    shutil.rmtree(folder, ignore_errors=True)
+  with scratch.folder("meshperf-tfds-") as folder:
+    before = tempfile.tempdir
+    tempfile.tempdir = folder
+    try:
+      yield
+    finally:
+      tempfile.tempdir = before
 
 
 def open_tfds(data_dir: str, name: str, split: str, dataset_flag: str, prepare: str,

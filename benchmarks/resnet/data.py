@@ -16,6 +16,7 @@ from PIL import Image
 from benchmarks.data import (
   Data,
   array_batches,
+  check_image_batches,
   described,
   num_steps,
   open_tfds,
@@ -39,16 +40,11 @@ DIGITS = 1797              # scikit-learn's digits
 def make(cfg, process_index: int = 0, process_count: int = 1) -> Data:
   local_batch = cfg.global_batch_size // process_count
   local_eval = (cfg.eval_batch_size or cfg.global_batch_size) // process_count
-  image = cfg.image_size ** 2 * 3 * 4              # float32, as every loader hands them over
-  # A batch in the step and the next one being made, at least.
-  devices.check_host_fits(
-      2 * max(local_batch, local_eval) * image,
-      f"--image_size={cfg.image_size} with batches of {max(local_batch, local_eval):,} images "
-      f"per host", "lower --image_size or the batch sizes, or run on more hosts")
+  check_image_batches(cfg, process_count, 4)     # float32, as every loader hands them over
   if cfg.dataset == "digits":      # held whole, resized: the float images and a copy in making
-    devices.check_host_fits(2 * DIGITS * image, f"--dataset=digits at --image_size="
-                            f"{cfg.image_size} (its {DIGITS:,} images are held resized)",
-                            "lower --image_size")
+    devices.check_host_fits(2 * DIGITS * cfg.image_size ** 2 * 3 * 4,
+                            f"--dataset=digits at --image_size={cfg.image_size} (its "
+                            f"{DIGITS:,} images are held resized)", "lower --image_size")
   if cfg.dataset == "digits":
     return _digits(cfg, local_batch, local_eval, process_index, process_count)
   if cfg.dataset == "imagenet":

@@ -315,16 +315,6 @@ def describe(cfg, num_anchors: int, process_count: int = 1) -> Data | None:
   return described("coco", COCO_TRAIN, COCO_EVAL, cfg, process_count, train, evals, NAMES)
 
 
-def check_host_memory(cfg, process_count: int = 1) -> None:
-  """A batch's images (uint8, as the pipeline makes them; one in the step and the next being
-  made, at least) fit in this host's memory: checked before anything is sized by the image
-  (the default boxes grow with its area)."""
-  local = max(cfg.global_batch_size, cfg.eval_batch_size) // process_count
-  devices.check_host_fits(2 * local * cfg.image_size ** 2 * 3,
-                          f"--image_size={cfg.image_size} with batches of {local:,} images per "
-                          f"host", "lower --image_size or the batch sizes, or run on more hosts")
-
-
 def make(cfg, anchors_xywh: np.ndarray, process_index: int = 0, process_count: int = 1
          ) -> tuple[Data, Split, tuple[int, ...]]:
   """(Data, the validation split (its COCO json is the ground truth), COCO category ids by

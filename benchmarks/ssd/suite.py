@@ -10,6 +10,7 @@ import optax
 from benchmarks.common import weights
 from benchmarks.common.convnet import STAGES
 from benchmarks.common.layers import compute_dtype
+from benchmarks.data import check_image_batches
 from benchmarks.ssd import boxes as box_lib
 from benchmarks.ssd import coco_eval, detect
 from benchmarks.ssd import data as data_lib
@@ -107,7 +108,9 @@ def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int
   """`shapes_only`: COCO is described, not read (compile-only runs: no ground truth, no mAP)."""
   compute_dtype(cfg.dtype)
   if not shapes_only:
-    data_lib.check_host_memory(cfg, process_count)
+    # uint8 images, as its pipeline makes them; before the default boxes, which grow with the
+    # image's area.
+    check_image_batches(cfg, process_count, 1)
   default_boxes = anchors(cfg)
   described = shapes_only and data_lib.describe(cfg, len(default_boxes), process_count)
   if described:
