@@ -16,6 +16,7 @@ _MODULES = {
     "transformer": "benchmarks.transformer",
     "ssd": "benchmarks.ssd",
     "lm": "benchmarks.lm",
+    "llama": "benchmarks.llama",
 }
 
 
@@ -45,7 +46,8 @@ BENCHMARKS = {name: Entry(name, package) for name, package in _MODULES.items()}
 
 
 def by_mlperf_name(mlperf_name: str) -> Entry | None:
-  """The benchmark that logs `submission_benchmark` = mlperf_name."""
+  """The first benchmark that logs `submission_benchmark` = mlperf_name (lm and llama both log
+  llama31_8b, in the open and the closed division: they declare the same rulesets)."""
   for entry in BENCHMARKS.values():
     if entry.spec.mlperf_name == mlperf_name:
       return entry

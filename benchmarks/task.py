@@ -88,6 +88,8 @@ class Task:
     counted.
   hparams: (key, value) or (key, value, metadata) MLPerf events the benchmark owns (the loop
     logs seed, global_batch_size and gradient_accumulation_steps itself).
+  remat_in_model: the model applies `--remat` to its own layers (a scanned stack,
+    `benchmarks.common.layers.remat_layer`); the loop then leaves the loss unwrapped.
   """
   init: Callable[[Any], dict]
   loss: Callable[..., Any]
@@ -100,3 +102,4 @@ class Task:
   host_stats: Callable[[dict, dict], dict] | None = None
   warm_start: Callable[[], dict] | None = None
   flops_per_example: float | None = None
+  remat_in_model: bool = False

@@ -121,6 +121,12 @@ def current() -> Sharder | None:
 # thinner shards (measured with jax 0.10.2: 2 rows per device of a 3x3 stride-2 conv, a 7x7
 # kernel on 2 rows); at 4 rows per device every case of kernel 1/3/7, stride 1/2 and 2/4/8
 # devices matched an unsplit run. Smaller maps (SSD's 3x3 and 1x1) stay whole on each device.
+# The dimension a scanned model stacks its layers' parameters along (flax's `nn.scan` with
+# `metadata_params={nn.PARTITION_NAME: LAYERS}`). Each iteration of the compiled loop reads one
+# slice of it, so it is never split over replicas: a replica holding whole layers would send
+# them to every other replica at their turn.
+LAYERS = "layers"
+
 SPATIAL_DIMS = ("height", "width")
 MIN_SPATIAL_ROWS = 4
 

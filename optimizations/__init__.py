@@ -15,8 +15,9 @@ there, and is refused before jax starts (`check_applies`): spatial_partitioning 
 
 Order of composition (`_MODULES`, whatever order the user wrote): spatial_partitioning (layout)
 -> grad_sum_2d (reduction phases) -> weight_update_sharding (update rule, reduction) ->
-bfloat16_grad_sum (the reduction's dtype) -> grad_accum (gradient wrapper) -> distributed_eval
-(eval placement).
+bfloat16_grad_sum (the reduction's dtype) -> grad_accum (gradient wrapper) -> fsdp (update rule;
+refuses the four before it where they make the sum explicit) -> distributed_eval (eval
+placement).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from mesh.errors import UserError
 from mesh.spec import Layout, MeshSpec
 
 _MODULES = ("spatial_partitioning", "grad_sum_2d", "weight_update_sharding",
-            "bfloat16_grad_sum", "grad_accum", "distributed_eval")
+            "bfloat16_grad_sum", "grad_accum", "fsdp", "distributed_eval")
 
 
 class Update:

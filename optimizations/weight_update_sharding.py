@@ -42,7 +42,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from mesh import collectives as coll
-from mesh.sharding import spec_entry
+from mesh.sharding import LAYERS, spec_entry
 from optimizations import Optimization, Plan, Update, explicit_reduction
 
 TILE = (8, 128)   # a TPU's tile of the two minor dimensions (float32)
@@ -57,16 +57,21 @@ def _tiled(shape) -> int:
   return math.prod(shape)
 
 
-def split_dims(shape: tuple[int, ...], spec: PartitionSpec, sizes: tuple[int, ...]
+def split_dims(shape: tuple[int, ...], spec: PartitionSpec, sizes: tuple[int, ...],
+               whole: tuple[int, ...] = (), minor: bool = False
                ) -> tuple[int | None, ...] | None:
   """The dimension each phase of the gradient sum (of these device counts) splits a parameter
   of this shape and model-parallel PartitionSpec along, None for a phase that splits none (its
-  replicas all-reduce the block and update it alike); None: the parameter is updated whole."""
+  replicas all-reduce the block and update it alike); None: the parameter is updated whole.
+  `whole`: dimensions never split (a scanned model's stacked layers, `mesh.sharding.LAYERS`).
+  `minor`: a matrix's minor dimension may be split too where every block keeps whole 128-wide
+  tiles of it (fsdp, which must split every large parameter)."""
   entries = tuple(spec) + (None,) * (len(shape) - len(spec))
   # Not the minor dimension of a matrix or more: a block of a few of its elements would sit in
   # 128-wide tiles and make the compiler lay the parameter out anew around the update.
-  free = [d for d in range(len(shape)) if entries[d] is None and (d < len(shape) - 1
-                                                                  or len(shape) == 1)]
+  tiles_whole = minor and shape[-1] % (math.prod(sizes) * TILE[1]) == 0
+  free = [d for d in range(len(shape)) if entries[d] is None and d not in whole and (
+      d < len(shape) - 1 or len(shape) == 1 or tiles_whole)]
   best = None
   for dims in itertools.product(free + [None], repeat=len(sizes)):
     block = list(shape)
@@ -82,13 +87,16 @@ def split_dims(shape: tuple[int, ...], spec: PartitionSpec, sizes: tuple[int, ..
   return None if best is None or all(d is None for d in best[-1]) else best[-1]
 
 
-def _layout(ctx):
+def _layout(ctx, reduction, minor: bool = False):
   """(the parameters' treedef, each parameter's `split_dims` in leaf order)."""
   leaves, treedef = jax.tree.flatten(ctx.param_shapes)
   shardings = treedef.flatten_up_to(ctx.param_shardings)
-  sizes = ctx.plan.reduction.sizes
-  return treedef, [split_dims(tuple(x.shape), sh.spec, sizes)
-                   for x, sh in zip(leaves, shardings)]
+  names = (treedef.flatten_up_to(ctx.param_names) if ctx.param_names is not None
+           else [()] * len(leaves))
+  sizes = reduction.sizes
+  return treedef, [split_dims(tuple(x.shape), sh.spec, sizes,
+                              tuple(d for d, n in enumerate(nm) if n == LAYERS), minor)
+                   for x, sh, nm in zip(leaves, shardings, names)]
 
 
 def _entries(ndim: int, dims, phases) -> list:
@@ -103,9 +111,15 @@ def _entries(ndim: int, dims, phases) -> list:
 class ShardedUpdate(Update):
   """Each replica keeps and updates its block of every parameter; the forward gathers them."""
 
+  splits_minor = False   # `split_dims`'s `minor`
+
+  def sum_phases(self, ctx):
+    """The phases of the replicas' gradient sum, whose devices split the parameters."""
+    return ctx.plan.reduction
+
   def view_shardings(self, view_shapes, ctx):
-    treedef, dims = _layout(ctx)
-    phases = ctx.plan.reduction.phases
+    treedef, dims = _layout(ctx, self.sum_phases(ctx), self.splits_minor)
+    phases = self.sum_phases(ctx).phases
 
     def sharding(sh: NamedSharding, ndim: int, dd) -> NamedSharding:
       model = tuple(sh.spec) + (None,) * (ndim - len(sh.spec))
@@ -118,7 +132,7 @@ class ShardedUpdate(Update):
 
   def reduce(self, grads, ctx):
     reduction = ctx.plan.reduction
-    treedef, dims = _layout(ctx)
+    treedef, dims = _layout(ctx, reduction)
     leaves = treedef.flatten_up_to(grads)
     whole = [g for g, dd in zip(leaves, dims) if dd is None]
     summed = iter(coll.unflatten(reduction.all_reduce(coll.flatten(whole)), whole)
@@ -127,7 +141,7 @@ class ShardedUpdate(Update):
                               for g, dd in zip(leaves, dims)])
 
   def block_spec(self, ctx):
-    treedef, dims = _layout(ctx)
+    treedef, dims = _layout(ctx, ctx.plan.reduction)
     phases = ctx.plan.reduction.phases
     return treedef.unflatten([PartitionSpec(*_entries(len(x.shape), dd, phases)) for x, dd in
                               zip(jax.tree.leaves(ctx.param_shapes), dims)])
@@ -136,7 +150,7 @@ class ShardedUpdate(Update):
     """Each replica's blocks all-gathered, in the dtype the loss only reads them in where
     there is one (`mesh.casts`): the cast comes before the gather, not after."""
     reduction = ctx.plan.reduction
-    treedef, dims = _layout(ctx)
+    treedef, dims = _layout(ctx, reduction)
     leaves = treedef.flatten_up_to(params)
     as_read = reads() if any(dd is not None for dd in dims) else [None] * len(leaves)
     return treedef.unflatten([

@@ -29,7 +29,9 @@ def test_declarations(name):
     mod.SPEC.target(preset)                   # the target field exists
   for label, mesh, layout, opts in mod.ABLATIONS:
     assert label and mesh and layout and opts
-  assert registry.by_mlperf_name(mod.SPEC.mlperf_name) is entry
+  # Two benchmarks may log one MLPerf name (lm in the open division, llama in the closed): the
+  # first registered speaks for the name, and they must agree on its rulesets.
+  assert registry.by_mlperf_name(mod.SPEC.mlperf_name).spec.rulesets == mod.SPEC.rulesets
 
 
 # ResNet's in the quick tier (about 30 s); the others in the full suite.

@@ -96,6 +96,9 @@ OPTIMIZATIONS = [
     # Combined.
     ("grad_accum:2,grad_sum_2d,weight_update_sharding", "x:4,y:2", "batch:x+y", "span2"),
     ("weight_update_sharding", "data:8", "batch:data", "adam"),
+    # Fully sharded: GSPMD gathers each parameter where it is used, beside a model axis too.
+    ("fsdp", "data:8", "batch:data", "adam"),
+    ("fsdp", "data:4,model:2", "batch:data;channels:model", "lars"),
     ("grad_sum_2d,weight_update_sharding", "x:4,y:2", "batch:x+y", "adam"),
     ("spatial_partitioning,grad_sum_2d,weight_update_sharding", "x:2,y:2,spatial:2", "batch:x+y",
      "lars"),

@@ -96,7 +96,7 @@ def test_grouped_query_attention_is_multi_head_with_shared_heads_repeated(x64):
 
   def widen(tree):
     if isinstance(tree, dict):
-      return {k: (jnp.repeat(v, group, axis=1) if k in ("key", "value") else widen(v))
+      return {k: (jnp.repeat(v, group, axis=-2) if k in ("key", "value") else widen(v))
               for k, v in tree.items()}
     return tree
   want = mha.apply(widen(params), tokens)

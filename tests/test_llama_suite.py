@@ -55,9 +55,11 @@ def test_the_tiny_preset_learns_and_decays_only_matrices(tmp_path, monkeypatch):
   updates, _ = task.optimizer.update(zeros, state, params)
   shrink = float(task.learning_rate(0)) * cfg.weight_decay
   np.testing.assert_allclose(updates["embedding"], -shrink * params["embedding"], rtol=1e-5)
-  np.testing.assert_allclose(updates["layer_1"]["feed_forward"]["down"],
-                             -shrink * params["layer_1"]["feed_forward"]["down"], rtol=1e-5)
-  assert not np.any(updates["layer_0"]["attention_norm"]["scale"])
+  np.testing.assert_allclose(updates["layers"]["feed_forward"]["down"],
+                             -shrink * params["layers"]["feed_forward"]["down"], rtol=1e-5)
+  # The layers' scales are stacked into a (layers, embed) matrix: still not decayed.
+  assert params["layers"]["attention_norm"]["scale"].shape == (cfg.num_layers, cfg.d_model)
+  assert not np.any(updates["layers"]["attention_norm"]["scale"])
   assert not np.any(updates["final_norm"]["scale"])
 
   @jax.jit

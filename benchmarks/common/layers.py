@@ -43,6 +43,21 @@ def layer_output(x):
   return checkpoint_name(x, LAYER)
 
 
+def remat_layer(module, mode: str):
+  """A flax module class (one layer of a scanned stack) recomputed in the backward pass as
+  `mode` says. A scan's backward pass needs its per-iteration residuals stacked over all
+  iterations, so `remat` around a loss that scans its layers recomputes the whole forward and
+  still keeps every layer's activations; a scanned model wraps its layer with this instead
+  (flax's `nn.remat` inside `nn.scan`, as MaxText's scanned decoder layers), and its task says
+  so (`Task.remat_in_model`). "full": the layer keeps only its input (the scan's carry);
+  "dots": also its matmuls' outputs."""
+  if mode == "none":
+    return module
+  policies = jax.checkpoint_policies
+  policy = {"full": policies.nothing_saveable, "dots": policies.dots_saveable}[mode]
+  return nn.remat(module, policy=policy, prevent_cse=False)
+
+
 def remat(loss, mode: str):
   """`loss` recomputing its activations in the backward pass as `mode` says ("none": as is)."""
   if mode == "none":

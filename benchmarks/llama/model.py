@@ -15,10 +15,11 @@ Meta's reference rotates adjacent pairs, 2i with 2i + 1). The two are the same m
 fixed permutation of the query and key projections' columns, so a model trained from scratch is
 equally a Llama; weights converted from Meta's checkpoints would need that permutation.
 
-Dimension names: batch, length, embed, heads, kv_heads, d_kv, d_ff, vocab. Parameters: the token
-embedding (vocab, embed), the output projection (embed, vocab), per layer the query
-(embed, heads, d_kv), key and value (embed, kv_heads, d_kv), output (heads, d_kv, embed), gate
-and up (embed, d_ff), down (d_ff, embed) and two RMSNorm scales (embed,). A layout such as
+Dimension names: batch, length, layers, embed, heads, kv_heads, d_kv, d_ff, vocab. Parameters:
+the token embedding (vocab, embed), the output projection (embed, vocab), and stacked over the
+layers (a leading `layers` dimension) the query (embed, heads, d_kv), key and value
+(embed, kv_heads, d_kv), output (heads, d_kv, embed), gate and up (embed, d_ff), down
+(d_ff, embed) and two RMSNorm scales (embed,). A layout such as
 `batch:data`, `heads:model;kv_heads:model;d_ff:model;vocab:model`, or one splitting `embed` over
 the data axes too (parameters sharded fully), shards the same code.
 
@@ -39,9 +40,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from benchmarks.common.layers import layer_output, named_init, param_dtype
+from benchmarks.common.layers import layer_output, named_init, param_dtype, remat_layer
 from benchmarks.common.transformer import EMB, attention_bias
 from mesh import constrain
+from mesh.sharding import LAYERS
 
 Q = ("batch", "length", "heads", "d_kv")
 KV = ("batch", "length", "kv_heads", "d_kv")
@@ -172,18 +174,21 @@ class Block(nn.Module):
 
   @nn.compact
   def __call__(self, x, bias, position):
+    """(the layer's output, None): the carry and output of one step of the layers' scan."""
     s = self.shape
     x = x + Attention(s, self.dtype, name="attention")(
         RMSNorm(s.norm_eps, self.dtype, name="attention_norm")(x), bias, position)
     x = x + SwiGLU(s.d_ff, self.dtype, name="feed_forward")(
         RMSNorm(s.norm_eps, self.dtype, name="feed_forward_norm")(x))
-    return layer_output(x)
+    return layer_output(x), None
 
 
 class Llama(nn.Module):
-  """Next-token logits (batch, length, vocab), float32 (float64 under float64)."""
+  """Next-token logits (batch, length, vocab), float32 (float64 under float64). `remat`: each
+  layer recomputed in the backward pass (`benchmarks.common.layers.remat_layer`)."""
   shape: Shape
   dtype: Any = jnp.float32
+  remat: str = "none"
 
   @nn.compact
   def __call__(self, tokens, segment=None, position=None):
@@ -196,8 +201,15 @@ class Llama(nn.Module):
                                                    ("vocab", "embed")), (s.vocab, s.d_model), f)
     x = constrain(jnp.take(embedding, tokens, axis=0).astype(self.dtype), EMB)
     bias = attention_bias(segment, segment, causal=True)
-    for i in range(s.num_layers):
-      x = Block(s, self.dtype, name=f"layer_{i}")(x, bias, position)
+    # The layers as one scanned block (flax's `nn.scan` over `jax.lax.scan`): each parameter
+    # is stacked over a leading "layers" dimension, and the compiled step holds one layer's
+    # program, which reads its slice of every stack per iteration (as MaxText's scanned layers).
+    # An optimization that splits the parameters over replicas (fsdp) gathers one layer's at a
+    # time, and the compile time does not grow with the depth.
+    layers = nn.scan(remat_layer(Block, self.remat), variable_axes={"params": 0},
+                     split_rngs={"params": True}, in_axes=(nn.broadcast, nn.broadcast),
+                     length=s.num_layers, metadata_params={nn.PARTITION_NAME: LAYERS})
+    x, _ = layers(s, self.dtype, name="layers")(x, bias, position)
     x = RMSNorm(s.norm_eps, self.dtype, name="final_norm")(x)
     w = self.param("logits", named_init(nn.initializers.normal(s.d_model ** -0.5),
                                         ("embed", "vocab")), (s.d_model, s.vocab), f)

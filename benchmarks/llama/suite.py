@@ -24,7 +24,7 @@ from benchmarks.llama.config import PRESETS, Config
 from benchmarks.task import TRAIN_FLOPS, LossAux, Task
 from logs.mlperf import C
 
-MODEL_DIMS = ("embed", "heads", "kv_heads", "d_kv", "d_ff", "vocab")
+MODEL_DIMS = ("layers", "embed", "heads", "kv_heads", "d_kv", "d_ff", "vocab")
 DIMENSIONS = ("batch", "length") + MODEL_DIMS
 SCHEDULE = "cosine with linear warmup"
 
@@ -49,13 +49,16 @@ def schedule(cfg: Config):
 
 
 def optimizer(cfg: Config, lr) -> optax.GradientTransformation:
-  """Global-norm clipping, then AdamW whose decoupled weight decay skips the one-dimensional
-  parameters (the RMSNorm scales), as Megatron's optimizer does for the reference."""
+  """Global-norm clipping, then AdamW whose decoupled weight decay skips the RMSNorm scales,
+  as Megatron's optimizer does for the reference (it skips one-dimensional parameters; the
+  scanned layers stack theirs into matrices, so the scales are known by name)."""
+  def decayed(tree):
+    return jax.tree_util.tree_map_with_path(
+        lambda path, _: getattr(path[-1], "key", None) != "scale", tree)
   return optax.chain(
       optax.clip_by_global_norm(cfg.gradient_clip_norm),
       optax.adamw(lr, b1=cfg.adam_beta1, b2=cfg.adam_beta2, eps=cfg.adam_epsilon,
-                  weight_decay=cfg.weight_decay,
-                  mask=lambda tree: jax.tree.map(lambda p: p.ndim > 1, tree)))
+                  weight_decay=cfg.weight_decay, mask=decayed))
 
 
 def config_name(cfg: Config) -> str:
@@ -91,7 +94,7 @@ def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int
   dtype = compute_dtype(cfg.dtype)
   data = (shapes_only and data_lib.describe(cfg, process_count)) or data_lib.make(
       cfg, process_index, process_count)
-  model = model_lib.Llama(shape(cfg), dtype)
+  model = model_lib.Llama(shape(cfg), dtype, cfg.remat)
   lr = schedule(cfg)
 
   def init(rng):
@@ -121,6 +124,6 @@ def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int
       init=init, loss=loss, eval_stats=eval_stats, quality=quality,
       optimizer=optimizer(cfg, lr), learning_rate=lr, data=data,
       hparams=hparams(cfg, disclosures.devices(cfg, shapes_only),
-                      max(1, cfg.global_batch_size // replicas)),
+                      max(1, cfg.global_batch_size // replicas)), remat_in_model=True,
       flops_per_example=TRAIN_FLOPS * model_lib.forward_flops(shape(cfg),
                                                               cfg.max_sequence_length))

@@ -88,7 +88,8 @@ def build(cfg, entry, *, devs=None, process_index: int = 0, process_count: int =
     before_task(sharder, plan)
   task = entry.build()(cfg, replicas=replicas, process_index=process_index,
                        process_count=process_count, shapes_only=shapes_only)
-  task = dataclasses.replace(task, loss=layers.remat(task.loss, cfg.remat))
+  if not task.remat_in_model:
+    task = dataclasses.replace(task, loss=layers.remat(task.loss, cfg.remat))
   examples = task.data.example_batches()
   if before_compile is not None:
     before_compile(sharder, plan, task)

@@ -55,6 +55,7 @@ class StepContext:
   plan: Plan
   param_shardings: Any
   param_shapes: Any          # jax.ShapeDtypeStruct of every parameter
+  param_names: Any = None    # each parameter's dimension names (None: unnamed)
 
 
 def plain_plan(sharder: Sharder) -> Plan:
@@ -194,7 +195,7 @@ def compile_steps(task: Task, sharder: Sharder, seed: int, train_example: dict,
   var_shardings = sharder.tree(names, shapes)
   repl = sharder.replicated()
   param_shapes, param_shardings = shapes["params"], var_shardings["params"]
-  ctx = StepContext(sharder, plan, param_shardings, param_shapes)
+  ctx = StepContext(sharder, plan, param_shardings, param_shapes, names["params"])
   view_shapes = jax.eval_shape(lambda p: plan.update.view(p, ctx), param_shapes)
   opt_shapes = jax.eval_shape(tx.init, view_shapes)
   opt_shardings = follow_params(opt_shapes, view_shapes,
