@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # meshperf entry point.
-#   ./run.sh <benchmark> [--flag=value ...]   run a benchmark (resnet, transformer, ssd, lm); --help lists its flags
+#   ./run.sh <benchmark> [--flag=value ...]   run a benchmark (resnet, transformer, ssd, lm, llama); --help lists its flags
 #   ./run.sh test [--quick|--pods] [pytest args]  the linter, then the test suite (8 simulated
 #                                             CPU devices); --quick: the fast tier (minutes); --pods:
 #                                             every TPU preset compiled for its slice (an hour)
@@ -9,6 +9,7 @@
 #   ./run.sh ablate <benchmark> [--flags]     each optimization on/off, side by side
 #   ./run.sh sweep <benchmark> [--flags]      optimizations and layouts swept: CSV, Markdown, plots
 #   ./run.sh install tpu|cuda12|cuda13        the JAX wheels of an accelerator (CPU-only until then)
+#   ./run.sh dryrun <benchmark> --config=PRESET [--topology=...]  an MLPerf dry run: compiled, logged, checked, RCPs; one verdict
 #   ./run.sh scale <benchmark>|all [--points=FILE]  TPU runs predicted from their compiled steps, beside measured
 #   ./run.sh perf [--quick] [--flags]         step, loop, input, eval, scaling and compile speed (runs/perf/)
 #   ./run.sh throughput <benchmark>|all --config=PRESET  a hardware preset's step on synthetic data: examples/s, tokens/s, MFU
@@ -106,6 +107,10 @@ case "$verb" in
     shift; bootstrap
     if wants_topology "$@"; then install_extra tpu; fi
     exec "$VENV/bin/python" -m benchmarks.sweep "$@" ;;
+  dryrun)
+    shift; bootstrap
+    if [[ "$*" == *--config=tpu* ]] || wants_topology "$@"; then install_extra tpu; fi
+    exec "$VENV/bin/python" -m benchmarks.pod.dryrun "$@" ;;
   scale)
     shift; bootstrap; install_extra tpu
     exec "$VENV/bin/python" -m benchmarks.pod.scale "$@" ;;

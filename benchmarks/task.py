@@ -41,6 +41,8 @@ class Spec:
                                    # decoded tokens); compile-only models price that many
   weight_unit: str = "examples"    # what the loss's weight counts (LossAux): "examples" or
                                    # "tokens" (real ones, padding excluded): the runs' tokens/s
+  division: str = "closed"         # the division a dry run checks by default (`./run.sh
+                                   # dryrun`); a run logs --division (default open)
 
   def __post_init__(self):
     if self.cadence not in ("epochs", "samples"):

@@ -60,6 +60,11 @@ class MLPerfLog:
     self._file.flush()
     self._held = None
 
+  def held_lines(self) -> list[str]:
+    """The `:::MLLOG` lines held before `open()` (a dry run's log, rewritten before it is
+    written)."""
+    return list(self._held or ())
+
   def _log(self, fn: str, key: str, value: Any = None, metadata: dict | None = None) -> None:
     if self._logger is None:
       return

@@ -420,8 +420,19 @@ def _rcp(p, w, checks, closed) -> Verdict:
                [os.path.abspath(w["results_dir"]), "--rcp_usage", "training", "--rcp_version",
                 ruleset, "--log_output", "rcp_checker.log"], checks)
   ok = text.rstrip().endswith("exit status 0")
-  return Verdict("rcp_checker", "pass" if ok else "fail",
-                 _first(text, "RCP test PASSED") if ok else _first(text, "ERROR", "Error"))
+  said = _first(text, "RCP test PASSED") if ok else _first(text, "ERROR", "Error")
+  return Verdict("rcp_checker", "pass" if ok else "fail", f"{said}; {_rcp_case(p, bench)}")
+
+
+def _rcp_case(p, bench) -> str:
+  """What the checker held the series' global batch to (`logs.rcp`), and the series' mean."""
+  from benchmarks import registry
+  from logs import rcp
+  batch = p["runs"][0].summary["config"]["global_batch_size"]
+  entry = registry.by_mlperf_name(bench)
+  unit = entry.spec.cadence if entry else "epochs"
+  found = rcp.lookup(p["ruleset"], bench, batch, unit)
+  return found.explain() if found else f"no RCPs for {bench} in {p['ruleset']}"
 
 
 def _summarize(p, w, checks, org_dir, bench) -> Verdict:

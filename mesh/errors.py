@@ -13,6 +13,9 @@ EXIT_PREEMPTED = 5      # SIGTERM, SIGHUP or SIGINT: in training, the step finis
 EXIT_PEER_LOST = 6      # multi-host: the coordinator or another process was lost or unreachable
 EXIT_CHECKPOINT = 7     # a checkpoint could not be written (e.g. a full disk); the previous kept
 EXIT_HUNG = 8           # no progress for --hang_timeout_s (a stuck collective or data loader)
+# The verbs that check rather than train (`./run.sh check`, `./run.sh dryrun`): 1 when a check
+# fails (a log the checker rejects, a dry run's FAIL verdict).
+EXIT_CHECK_FAILED = 1
 
 
 class UserError(ValueError):

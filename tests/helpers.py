@@ -124,3 +124,16 @@ def run_here(module: str, args, capfd) -> tuple[int, str, str]:
     code, last = e.code, None
   out = capfd.readouterr()
   return code, out.out, out.err + (f"{last}\n" if last is not None else "")
+
+
+def _has_libtpu() -> bool:
+  try:
+    import libtpu  # noqa: F401
+    return True
+  except ImportError:
+    return False
+
+
+needs_libtpu = pytest.mark.skipif(
+    not _has_libtpu(), reason="libtpu (the tpu extra) is not installed: `./run.sh install tpu`; "
+    "./run.sh test installs it")

@@ -18,17 +18,7 @@ from tests import helpers
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _has_libtpu() -> bool:
-  try:
-    import libtpu  # noqa: F401
-    return True
-  except ImportError:
-    return False
-
-
-needs_libtpu = pytest.mark.skipif(
-    not _has_libtpu(), reason="libtpu (the tpu extra) is not installed: `./run.sh install tpu`; "
-    "./run.sh test installs it")
+needs_libtpu = helpers.needs_libtpu
 
 
 @pytest.mark.parametrize("name, chips, devices", [

@@ -189,6 +189,7 @@ class Llama(nn.Module):
   shape: Shape
   dtype: Any = jnp.float32
   remat: str = "none"
+  scan: bool = True    # the layers as one scanned block; False: one block per layer, unrolled
 
   @nn.compact
   def __call__(self, tokens, segment=None, position=None):
@@ -206,10 +207,17 @@ class Llama(nn.Module):
     # program, which reads its slice of every stack per iteration (as MaxText's scanned layers).
     # An optimization that splits the parameters over replicas (fsdp) gathers one layer's at a
     # time, and the compile time does not grow with the depth.
-    layers = nn.scan(remat_layer(Block, self.remat), variable_axes={"params": 0},
-                     split_rngs={"params": True}, in_axes=(nn.broadcast, nn.broadcast),
-                     length=s.num_layers, metadata_params={nn.PARTITION_NAME: LAYERS})
-    x, _ = layers(s, self.dtype, name="layers")(x, bias, position)
+    # Unrolled (`scan=False`, parameters `layer_0`, `layer_1`, ...), the compiler fuses across
+    # layers: a small model's step on CPU is faster so.
+    block = remat_layer(Block, self.remat)
+    if self.scan:
+      layers = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
+                       in_axes=(nn.broadcast, nn.broadcast), length=s.num_layers,
+                       metadata_params={nn.PARTITION_NAME: LAYERS})
+      x, _ = layers(s, self.dtype, name="layers")(x, bias, position)
+    else:
+      for i in range(s.num_layers):
+        x, _ = block(s, self.dtype, name=f"layer_{i}")(x, bias, position)
     x = RMSNorm(s.norm_eps, self.dtype, name="final_norm")(x)
     w = self.param("logits", named_init(nn.initializers.normal(s.d_model ** -0.5),
                                         ("embed", "vocab")), (s.d_model, s.vocab), f)

@@ -94,7 +94,7 @@ def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int
   dtype = compute_dtype(cfg.dtype)
   data = (shapes_only and data_lib.describe(cfg, process_count)) or data_lib.make(
       cfg, process_index, process_count)
-  model = model_lib.Llama(shape(cfg), dtype, cfg.remat)
+  model = model_lib.Llama(shape(cfg), dtype, cfg.remat, cfg.scan_layers)
   lr = schedule(cfg)
 
   def init(rng):

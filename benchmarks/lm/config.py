@@ -27,7 +27,8 @@ from mesh.errors import UserError
 
 SPEC = Spec(mlperf_name="llama31_8b", rulesets=("5.1.0", "6.0.0", "6.1.0"),
             metric="log perplexity", target_field="target_log_perplexity",
-            higher_is_better=False, cadence="samples", weight_unit="tokens")
+            higher_is_better=False, cadence="samples", weight_unit="tokens",
+            division="open")
 DATASETS = ("grammar", "lm1b", "text")
 OPTIMIZERS = ("adamw", "adam")
 

@@ -233,6 +233,24 @@ def xla_env() -> dict[str, str]:
   return {k: os.environ[k] for k in ("XLA_FLAGS", "LIBTPU_INIT_ARGS") if os.environ.get(k)}
 
 
+def init_keys(cfg, entry, opts: RunOptions, plan, task: Task, platform: str) -> list[tuple]:
+  """The MLPerf events a run logs between init_start and train_samples, as (key, value,
+  metadata): the submission's, the loop's own (once for every benchmark), the benchmark's."""
+  keys = [(C.SUBMISSION_BENCHMARK, entry.spec.mlperf_name),
+          (C.SUBMISSION_ORG, opts.submission_org),
+          (C.SUBMISSION_DIVISION, opts.division),
+          (C.SUBMISSION_STATUS, opts.submission_status),
+          (C.SUBMISSION_PLATFORM, platform),
+          (C.SUBMISSION_POC_NAME, opts.submission_poc_name or _login()),
+          (C.SUBMISSION_ENTRY, opts.submission_entry or f"meshperf-{entry.name}")]
+  if xla_env():
+    keys.append((XLA_ENV_KEY, xla_env()))
+  keys += [(C.SEED, cfg.seed), (C.GLOBAL_BATCH_SIZE, cfg.global_batch_size),
+           (C.GRADIENT_ACCUMULATION_STEPS, plan.accumulation_steps)]
+  return [(k, v, None) for k, v in keys] + [
+      (key, value, metadata[0] if metadata else None) for key, value, *metadata in task.hparams]
+
+
 def _setup(cfg, entry, opts: RunOptions, log: MLPerfLog, say) -> Built:
   """Mesh, plan, task, the init-time MLPerf events and the compiled program (bad input raises
   UserError before anything is trained)."""
@@ -243,22 +261,8 @@ def _setup(cfg, entry, opts: RunOptions, log: MLPerfLog, say) -> Built:
                                 cfg.max_epochs * task.data.steps_per_epoch)
     platform = (opts.submission_platform
                 or f"{len(jax.devices())}x{jax.devices()[0].device_kind}")
-    for key, value in ((C.SUBMISSION_BENCHMARK, spec.mlperf_name),
-                       (C.SUBMISSION_ORG, opts.submission_org),
-                       (C.SUBMISSION_DIVISION, opts.division),
-                       (C.SUBMISSION_STATUS, opts.submission_status),
-                       (C.SUBMISSION_PLATFORM, platform),
-                       (C.SUBMISSION_POC_NAME, opts.submission_poc_name or _login()),
-                       (C.SUBMISSION_ENTRY, opts.submission_entry or f"meshperf-{entry.name}")):
-      log.event(key, value)
-    # Keys the loop owns, once for every benchmark; then the benchmark's own.
-    if xla_env():
-      log.event(XLA_ENV_KEY, xla_env())
-    log.event(C.SEED, cfg.seed)
-    log.event(C.GLOBAL_BATCH_SIZE, cfg.global_batch_size)
-    log.event(C.GRADIENT_ACCUMULATION_STEPS, plan.accumulation_steps)
-    for key, value, *metadata in task.hparams:
-      log.event(key, value, metadata=metadata[0] if metadata else None)
+    for key, value, metadata in init_keys(cfg, entry, opts, plan, task, platform):
+      log.event(key, value, metadata=metadata)
     data = task.data
     say(f"{entry.name}: mesh {dict(sharder.mesh.shape)} layout '{sharder.layout}' on "
         f"{len(jax.devices())} {jax.devices()[0].platform} device(s), {jax.process_count()} "

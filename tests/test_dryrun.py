@@ -1,0 +1,108 @@
+"""`./run.sh dryrun` (`benchmarks/pod/dryrun.py`) and the RCP lookup it shares with `package`
+(`logs/rcp.py`).
+
+The RCP figures are checked against the RCP file itself, read here (the checker's olympic mean:
+the fastest and slowest runs dropped); the dry runs are the real command in a subprocess: the
+log it writes goes through the real compliance checker."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.helpers import needs_libtpu
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _olympic_mean(ruleset: str, name: str, batch: int) -> float:
+  from mlperf_logging.rcp_checker import rcp_checker
+  path = os.path.join(os.path.dirname(rcp_checker.__file__), f"training_{ruleset}",
+                      f"rcps_{name}.json")
+  runs = sorted(next(r["Epochs to converge"] for r in json.load(open(path)).values()
+                     if r["BS"] == batch))
+  return float(np.mean(runs[1:-1]))
+
+
+def test_rcp_lookup_found_interpolated_below_and_missing():
+  from logs import rcp
+  found = rcp.lookup("6.1.0", "llama31_8b", 32, "samples")
+  assert found.kind == "found" and found.batches == (16, 32, 64, 96, 128)
+  assert found.mean == pytest.approx(_olympic_mean("6.1.0", "llama31_8b", 32))
+  assert found.hyperparams["opt_base_learning_rate"] == 8e-4
+  assert 0.9 * found.mean < found.fastest < found.mean
+  middle = rcp.lookup("6.1.0", "llama31_8b", 48, "samples")
+  assert middle.kind == "interpolated" and middle.mean == pytest.approx(
+      (_olympic_mean("6.1.0", "llama31_8b", 32) + _olympic_mean("6.1.0", "llama31_8b", 64)) / 2)
+  below = rcp.lookup("6.1.0", "llama31_8b", 8, "samples")
+  assert below.kind == "below" and below.mean == pytest.approx(
+      _olympic_mean("6.1.0", "llama31_8b", 16))
+  missing = rcp.lookup("6.1.0", "llama31_8b", 256, "samples")
+  assert missing.kind == "missing" and "Missing RCP" in missing.explain()
+  assert rcp.lookup("0.7.0", "transformer", 256) is None      # RCPs start with 1.0.0
+
+
+def test_init_budget_is_the_checkers():
+  from benchmarks.pod import dryrun
+  assert dryrun.init_budget_minutes("6.1.0", "closed") == 30
+  assert dryrun.init_budget_minutes("6.1.0", "open") == 240
+  assert dryrun.init_budget_minutes("0.7.0", "closed") is None
+
+
+def _dryrun(tmp_path, *args):
+  env = {**os.environ, "MESHPERF_CACHE": str(tmp_path / "cache")}
+  return subprocess.run([sys.executable, "-m", "benchmarks.pod.dryrun", *args,
+                         f"--output_dir={tmp_path / 'out'}", "--compile_cache="],
+                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+
+
+@pytest.mark.slow
+def test_a_tiny_llama_fails_the_closed_rules_and_says_which(tmp_path):
+  p = _dryrun(tmp_path, "llama", "--config=tiny")
+  assert p.returncode == 1, p.stderr[-2000:]
+  out = p.stdout
+  assert "max_sequence_length = 64: the rule is v['value'] == 8192" in out
+  assert "eval_samples = 16: the rule is v['value'] == 1024" in out
+  assert "the RCP at global batch 16" in out
+  assert "note: opt_base_learning_rate 0.003 here, 0.0004 in the RCP's runs" in out
+  assert out.strip().splitlines()[-1] == "verdict: FAIL: the 6.1.0 closed checker fails the log"
+  report = json.load(open(tmp_path / "out" / "dryrun.json"))
+  assert report["division"] == "closed" and report["init_budget_minutes"] == 30
+  log = (tmp_path / "out" / "result_0.txt").read_text()
+  for key in ("init_start", "init_stop", "run_start", "eval_accuracy", "run_stop"):
+    assert f'"key": "{key}"' in log
+  # init_stop lies the compile time after init_start, as the checker's budget reads it.
+  times = {json.loads(line.split(":::MLLOG ")[1])["key"]: json.loads(
+      line.split(":::MLLOG ")[1])["time_ms"] for line in log.splitlines()}
+  assert times["init_stop"] - times["init_start"] >= report["compile_s"] * 1000 - 1
+
+
+@pytest.mark.slow
+def test_the_open_lm_passes_its_own_division(tmp_path):
+  p = _dryrun(tmp_path, "lm", "--config=tiny")
+  assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+  assert "RCP        open division: no reference convergence check" in p.stdout
+  assert p.stdout.strip().splitlines()[-1] == "verdict: PASS"
+
+
+def test_a_gpu_preset_without_a_gpu_is_one_line(tmp_path):
+  p = _dryrun(tmp_path, "llama", "--config=gpu-8xh200")
+  assert p.returncode == 2
+  assert p.stderr.strip().splitlines()[-1].startswith(
+      "error: --config=gpu-8xh200 is a GPU preset and this machine has no GPU")
+  assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.pod
+@needs_libtpu
+def test_the_8b_on_v5p_passes(tmp_path):
+  """The 8B at global batch 32 on v5p:4x4x4: fits, passes the closed checker, compiles well
+  inside 30 minutes, and has its RCP. Minutes: `./run.sh test --pods`."""
+  p = _dryrun(tmp_path, "llama", "--config=tpu-v5p-128")
+  assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+  print(p.stdout)
+  assert "the RCP at global batch 32" in p.stdout
+  assert p.stdout.strip().splitlines()[-1] == "verdict: PASS"
