@@ -89,10 +89,10 @@ def test_the_open_lm_passes_its_own_division(tmp_path):
 
 
 def test_a_gpu_preset_without_a_gpu_is_one_line(tmp_path):
-  p = _dryrun(tmp_path, "llama", "--config=gpu-8xh200")
+  p = _dryrun(tmp_path, "llama", "--config=gpu-8xh100")
   assert p.returncode == 2
   assert p.stderr.strip().splitlines()[-1].startswith(
-      "error: --config=gpu-8xh200 is a GPU preset and this machine has no GPU")
+      "error: --config=gpu-8xh100 is a GPU preset and this machine has no GPU")
   assert not (tmp_path / "out").exists()
 
 

@@ -38,7 +38,7 @@ def _plan(opts, mesh="data:8", layout="batch:data"):
 def test_names_none_and_registry():
   assert set(optimizations.names()) == {"grad_sum_2d", "weight_update_sharding",
                                         "spatial_partitioning", "distributed_eval", "grad_accum",
-                                        "bfloat16_grad_sum"}
+                                        "bfloat16_grad_sum", "fsdp"}
   p = _plan("none")
   assert p.enabled == () and p.reduction is None and type(p.update) is optimizations.Update
   assert not p.distributed_eval and p.gradient_wrappers == () and p.accumulation_steps == 1

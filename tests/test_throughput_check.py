@@ -127,6 +127,6 @@ def test_all_runs_every_benchmark_with_the_preset_and_reports_each_failure(tmp_p
   assert p.returncode == 2, p.stderr[-3000:]
   ended = [line for line in p.stderr.splitlines() if line.startswith("throughput: ")]
   assert ended == [f"throughput: {n} ended with status 2"
-                   for n in ("resnet", "transformer", "ssd", "lm")]
-  assert p.stderr.count("error: --global_batch_size=12 is not divisible") == 4
+                   for n in ("resnet", "transformer", "ssd", "lm", "llama")]
+  assert p.stderr.count("error: --global_batch_size=12 is not divisible") == 5
   assert not (tmp_path / "throughput.json").exists()

@@ -147,6 +147,10 @@ def _minutes(summary, cfg, spec, lookup) -> dict[str, Any] | None:
           "minutes": (steps * step_s + n_evals * eval_s) / 60}
 
 
+def _seconds(s: float) -> str:
+  return f"{s * 1e3:,.0f} ms" if s < 1 else f"{s:,.1f} s"
+
+
 def _said(message: str) -> str:
   """One line of a checker message: the key, its logged value and the rule it failed."""
   key = re.search(r"CHECK for '([^']+)' failed", message)
@@ -258,7 +262,7 @@ def run(p, say=print) -> dict[str, Any]:
   if minutes:
     lines.append(f"  predicted  {minutes['converge']:,.6g} {minutes['unit']} = "
                  f"{minutes['train_steps']:,} steps x {minutes['step_s'] * 1e3:,.0f} ms + "
-                 f"{minutes['evaluations']} evaluations x {minutes['evaluation_s']:.1f} s = "
+                 f"{minutes['evaluations']} evaluations x {_seconds(minutes['evaluation_s'])} = "
                  f"{minutes['minutes']:,.1f} minutes from run_start to run_stop")
   elif summary["prediction"]:
     lines.append(f"  predicted  {summary['prediction']['minutes']:,.1f} minutes for "
