@@ -5,10 +5,12 @@ arXiv 1910.02054) and PyTorch's FSDP (Zhao et al. 2023, arXiv 2304.11277) do thi
 layer's all-gather before its forward and again before its backward, a reduce-scatter of its
 gradients after; here, as in MaxText's `fsdp` mesh axis, the state is declared sharded and
 GSPMD (Xu et al. 2021, arXiv 2105.04663) writes those collectives: each parameter's all-gather
-sits at its use inside its layer, and each gradient is reduce-scattered to its owner's block
-where it is made, so no replica ever holds the whole model's parameters or gradients at once.
-With `--remat` the backward pass gathers a layer's parameters again rather than keeping them
-from the forward, as FSDP's `reshard_after_forward` does.
+sits at its use inside its layer, and each gradient is summed where it is made, its owner
+keeping its block. In a scanned model (`mesh.sharding.LAYERS`) that is one layer's parameters
+and gradients at a time, and with `--remat` the backward pass gathers a layer's parameters
+again rather than keeping them from the forward, as FSDP's `reshard_after_forward` does. (The
+programs compiled so far, XLA CPU and libtpu's, sum each gradient with an all-reduce and then
+slice it, where a reduce-scatter would move about half the bytes: the partitioner's choice.)
 
 Each parameter is split in its own shape along the dimension `weight_update_sharding` chooses
 (`split_dims`: free of model-parallel axes and of the stacked layers, divisible by the
@@ -21,8 +23,8 @@ at once.
 Against `weight_update_sharding`, which also keeps each replica's blocks: that one gathers all
 of a step's parameters at its start, inside the data-parallel shard_map whose collectives it
 writes, so the whole model is held during the forward and backward (Xu et al. 2020's design for
-models that fit a replica). fsdp never holds more than the layers in flight, which is what an
-8B model on 16 GiB chips needs. Its gradient sum is GSPMD's, so it does not compose with the
+models that fit a replica). fsdp, with scanned layers, holds only the layers in flight: what
+the 8B needs on 32 GiB v6e chips. Its gradient sum is GSPMD's, so it does not compose with the
 optimizations that write the sum themselves (grad_sum_2d, weight_update_sharding,
 bfloat16_grad_sum, grad_accum on a data-parallel layout): it refuses them.
 
@@ -51,8 +53,8 @@ class FullyShardedUpdate(ShardedUpdate):
     return self.replicas
 
   def apply(self, tx, grads, opt_state, params, ctx):
-    """The gradients arrive as blocks (GSPMD reduce-scatters them to the parameters'
-    shardings), the optimizer state is in blocks: the update is local to each replica."""
+    """The gradients are constrained to the parameters' blocks (GSPMD sums them and keeps each
+    replica's block), the optimizer state is in blocks: the update is local to each replica."""
     grads = jax.tree.map(jax.lax.with_sharding_constraint, grads,
                          self.view_shardings(params, ctx))
     return super().apply(tx, grads, opt_state, params, ctx)
