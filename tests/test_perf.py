@@ -141,12 +141,13 @@ def test_thread_cpu_counts_python_threads_as_the_host_and_xla_threads_apart():
   w = jnp.full((512, 512), 1e-3)
   f = jax.jit(lambda x, w: jnp.tanh(jnp.tanh(x @ w) @ w).sum())
   f(x, w).block_until_ready()
-  done = threading.Event()
+  done, spun = threading.Event(), threading.Event()
 
   def spin():
     t0 = time.thread_time()
     while time.thread_time() - t0 < 0.3:
       pass
+    spun.set()
     done.wait()     # alive at the second reading: an ended thread's CPU is not counted
 
   before = perf_loop._thread_cpu()
@@ -156,6 +157,9 @@ def test_thread_cpu_counts_python_threads_as_the_host_and_xla_threads_apart():
   main0 = time.thread_time()
   outs = [f(x, w) for _ in range(20)]
   jax.block_until_ready(outs)
+  # On a loaded machine the spinner may not have had its 0.3 s of CPU yet (a full suite on 2
+  # cores measured 0.24 s at this point): the reading waits for it.
+  spun.wait(60)
   time.sleep(0.05)
   after = perf_loop._thread_cpu()
   done.set()
