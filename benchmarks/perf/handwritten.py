@@ -3,8 +3,9 @@ comparison `vs_handwritten`).
 
 meshperf's step is built as a run builds it (`benchmarks.loop.build`: `--optimizations=none`,
 data-parallel over N devices, synthetic data, SGD with momentum); the hand-written one is
-`benchmarks.perf.baseline` (a Flax ResNet with cross-replica batch norm, `jax.pmap`,
-`lax.pmean` of the gradients, optax SGD). Same model (parameter counts asserted equal), batch,
+`benchmarks.perf.baseline` (the structure of flax's `examples/imagenet`: its ResNet with
+cross-replica batch norm, its `train_step` under `jax.pmap`, optax SGD with Nesterov momentum).
+Same model (parameter counts asserted equal), batch,
 devices and FLOPs (XLA's cost analysis of both compiled programs, within FLOPS_TOLERANCE). They
 take turns (`benchmarks.perf.timing`); the comparison is the median of the per-round ratios of
 their wall times, with their CPU times, compile times and the optimized HLO's op counts beside
@@ -50,13 +51,12 @@ def resnet_config(a, n: int):
 
 
 def baseline_lr(cfg):
-  """The baseline's own schedule with the numbers of meshperf's (`resnet_config`: one epoch of
-  `synthetic_examples`)."""
-  from benchmarks.perf.baseline import lr_schedule
+  """The baseline's own schedule (the example's warmup and cosine) with the lengths of
+  meshperf's (`resnet_config`: one epoch of `synthetic_examples`)."""
+  from benchmarks.perf.baseline import learning_rate_fn
   steps = cfg.synthetic_examples // cfg.global_batch_size
-  return lr_schedule(cfg.base_learning_rate, cfg.end_learning_rate,
-                     int(round(cfg.warmup_epochs * steps)), int(round(cfg.schedule_epochs * steps)),
-                     cfg.decay_poly_power)
+  return learning_rate_fn(cfg.base_learning_rate, int(round(cfg.warmup_epochs * steps)),
+                          int(round(cfg.schedule_epochs * steps)))
 
 
 def prepare_meshperf(a, devs) -> Prepared:
@@ -77,12 +77,7 @@ def prepare_meshperf(a, devs) -> Prepared:
 
 def prepare_baseline(a, devs, lr, local: dict) -> Prepared:
   """The hand-written step, on the host batch `local` (meshperf's)."""
-  import jax
-
-  from benchmarks.perf.baseline import (
-    Baseline,
-    param_count,
-  )
+  from benchmarks.perf.baseline import Baseline, param_count
   base = Baseline(devs, a.depth, a.width, a.num_classes, a.image_size, a.batch,
                   cross_replica_bn=a.bn == "cross", lr=lr, seed=a.seed)
   state = base.init()
@@ -90,7 +85,7 @@ def prepare_baseline(a, devs, lr, local: dict) -> Prepared:
   t0 = time.time()
   compiled = base.lower(state, batch).compile()
   compile_s = time.time() - t0
-  params = param_count(jax.tree.map(lambda x: x[0], state[0]))
+  params = param_count(state.params)
   return Prepared("baseline", compiled, state, batch, local, compile_s, cost.analyze(compiled),
                   compiled.as_text(), params)
 
