@@ -69,6 +69,9 @@ def test_tiny_resnet_on_a_v3_slice(resnet_v3):
   variables = jax.eval_shape(task.init, jax.random.PRNGKey(0))
   param_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(variables["params"]))
   assert train["memory_per_device"]["argument_bytes"] >= 2 * param_bytes
+  # On an accelerator the step donates its state: the new state takes the old one's buffers
+  # (`step.donated_state`; not on CPU, tests/test_perf.py).
+  assert train["memory_per_device"]["alias_bytes"] >= 2 * param_bytes
   # Gradients: summed over all 8 replicas, in all-reduces over groups of 8 that TPU's combiner
   # merges into a few ops; their bytes are the parameters' (measured: within 0.2%).
   grads = [g for g in train["collectives_by_group"] if g["kind"] == "all-reduce"
