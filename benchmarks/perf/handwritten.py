@@ -5,8 +5,8 @@ meshperf's step is built as a run builds it (`benchmarks.loop.build`: `--optimiz
 data-parallel over N devices, synthetic data, SGD with momentum); the hand-written one is
 `benchmarks.perf.baseline` (the structure of flax's `examples/imagenet`: its ResNet with
 cross-replica batch norm, its `train_step` under `jax.pmap`, optax SGD with Nesterov momentum).
-Same model (parameter counts asserted equal), batch,
-devices and FLOPs (XLA's cost analysis of both compiled programs, within FLOPS_TOLERANCE). They
+Same model (parameter counts asserted equal), batch, devices and FLOPs (XLA's cost analysis of
+both compiled programs, within FLOPS_TOLERANCE). They
 take turns (`benchmarks.perf.timing`); the comparison is the median of the per-round ratios of
 their wall times, with their CPU times, compile times and the optimized HLO's op counts beside
 it. Goal: meshperf's step no slower (ratio <= 1.00) on every device count.
