@@ -103,6 +103,8 @@ def test_quick_run_writes_its_reports_and_the_last_line(tmp_path):
     assert len(res["ms_per_step_rounds"]["meshperf"]) == 2
     assert all(v > 0 for v in res["ms_per_step"].values())
     assert res["ratio"] > 0 and res["compile_s"]["baseline"] > 0
+    assert all(v >= 0 for v in res["kernel_ms_per_step"].values())
+    assert all(v >= 0 for v in res["page_faults_per_step"].values())
     # Same network; the train steps' FLOPs differ by XLA's fusion choices (elementwise work
     # recomputed in several fusions): up to ~3% at width 8, under 1% at ResNet-50 width 64.
     assert abs(res["flops_rel_diff"]) < 0.05, res["flops_per_device"]

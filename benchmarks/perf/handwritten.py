@@ -15,6 +15,7 @@ it. Goal: meshperf's step no slower (ratio <= 1.00) on every device count.
 from __future__ import annotations
 
 import dataclasses
+import resource
 import statistics
 import time
 from typing import Any
@@ -90,23 +91,29 @@ def prepare_baseline(a, devs, lr, local: dict) -> Prepared:
                   compiled.as_text(), params)
 
 
-def _run(p: Prepared, steps: int) -> tuple[float, float]:
-  """(wall, CPU) seconds per step over `steps` steps (the state carried, the last result
-  waited for). CPU time is this process's, all threads: on a CPU host it is the work the step
-  did, which other processes' load changes far less than the wall time."""
+def _run(p: Prepared, steps: int) -> tuple[float, float, float, float]:
+  """(wall s, CPU s, kernel CPU s, minor page faults) per step over `steps` steps (the state
+  carried, the last result waited for). CPU time is this process's, all threads: on a CPU host
+  it is the work the step did, which other processes' load changes far less than the wall
+  time. The kernel's share and the page faults (`getrusage`) show memory the step maps afresh
+  each time (docs/performance.md)."""
   import jax
   t0, c0 = time.perf_counter(), time.process_time()
+  r0 = resource.getrusage(resource.RUSAGE_SELF)
   state, metrics = p.state, None
   for _ in range(steps):
     state, metrics = p.step(state, p.batch)
   jax.block_until_ready((state, metrics))
+  r1 = resource.getrusage(resource.RUSAGE_SELF)
   p.state = state
-  return (time.perf_counter() - t0) / steps, (time.process_time() - c0) / steps
+  return ((time.perf_counter() - t0) / steps, (time.process_time() - c0) / steps,
+          (r1.ru_stime - r0.ru_stime) / steps, (r1.ru_minflt - r0.ru_minflt) / steps)
 
 
 def alternate(a_prog: Prepared, b_prog: Prepared, rounds: int, steps: int, warmup: int,
-              say) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
-  """Both steps, alternating (A B, B A, ...): per-round wall and CPU seconds per step of each."""
+              say) -> dict[str, dict[str, list[float]]]:
+  """Both steps, alternating (A B, B A, ...): per round, each one's wall, CPU and kernel CPU
+  seconds and minor page faults per step ({"wall"|"cpu"|"kernel"|"faults": {name: [...]}})."""
   for p in (a_prog, b_prog):
     _run(p, warmup)
 
@@ -116,8 +123,8 @@ def alternate(a_prog: Prepared, b_prog: Prepared, rounds: int, steps: int, warmu
 
   got = timing.take_turns({p.name: (lambda p=p: _run(p, steps)) for p in (a_prog, b_prog)},
                           rounds, "alternate", said)
-  return ({k: [w for w, _ in v] for k, v in got.items()},
-          {k: [c for _, c in v] for k, v in got.items()})
+  return {what: {k: [r[i] for r in v] for k, v in got.items()}
+          for i, what in enumerate(("wall", "cpu", "kernel", "faults"))}
 
 
 def measure_resnet(a, devs, say) -> dict[str, Any]:
@@ -135,7 +142,8 @@ def measure_resnet(a, devs, say) -> dict[str, Any]:
                          f"{bl.params:,}; the baseline is not the same model")
   f_mp, f_bl = mp.cost["flops_per_device"], bl.cost["flops_per_device"]
   flops_rel = (f_mp / f_bl - 1) if f_mp and f_bl else None
-  times, cpu = alternate(mp, bl, a.rounds, a.steps, a.warmup, say)
+  got = alternate(mp, bl, a.rounds, a.steps, a.warmup, say)
+  times, cpu = got["wall"], got["cpu"]
   med = {k: statistics.median(v) for k, v in times.items()}
   ratios = timing.ratios(times["meshperf"], times["baseline"])
   ratio = statistics.median(ratios)
@@ -152,6 +160,8 @@ def measure_resnet(a, devs, say) -> dict[str, Any]:
       "cpu_ms_per_step_rounds": {k: [t * 1e3 for t in v] for k, v in cpu.items()},
       "cpu_ratio": statistics.median(cpu_ratios), "cpu_ratio_rounds": cpu_ratios,
       "cpu_ratio_quartiles": timing.quartiles(cpu_ratios),
+      "kernel_ms_per_step": {k: statistics.median(v) * 1e3 for k, v in got["kernel"].items()},
+      "page_faults_per_step": {k: statistics.median(v) for k, v in got["faults"].items()},
       "compile_s": {"meshperf": mp.compile_s, "baseline": bl.compile_s},
       "collectives": {p.name: {k: v for k, v in p.cost["collectives"].items() if v["count"]}
                       for p in (mp, bl)},

@@ -133,15 +133,19 @@ def markdown(a, env: dict, resnet: dict[int, dict], rows, compile_s, parts=None)
         f"{a.rounds} alternating rounds of {a.steps} step(s) after {a.warmup} warmup step(s); "
         f"medians.", "",
         "| devices | meshperf ms/step | baseline ms/step | ratio: median of rounds "
-        "(quartiles) | CPU ms/step (meshperf / baseline), ratio | compile s (meshperf / "
-        "baseline) | GFLOPs/device (meshperf / baseline) | params |",
-        "|---|---|---|---|---|---|---|---|"]
+        "(quartiles) | CPU ms/step (meshperf / baseline), ratio | kernel CPU ms/step, page "
+        "faults/step (meshperf / baseline) | compile s (meshperf / baseline) | GFLOPs/device "
+        "(meshperf / baseline) | params |",
+        "|---|---|---|---|---|---|---|---|---|"]
     for n, r in resnet.items():
       f, q, c = r["flops_per_device"], r["ratio_quartiles"], r["cpu_ms_per_step"]
+      k, pf = r["kernel_ms_per_step"], r["page_faults_per_step"]
       lines.append(
           f"| {n} | {r['ms_per_step']['meshperf']:.1f} | {r['ms_per_step']['baseline']:.1f} | "
           f"{r['ratio']:.3f} ({q[0]:.3f}-{q[1]:.3f}) | {c['meshperf']:.0f} / "
-          f"{c['baseline']:.0f}, {r['cpu_ratio']:.3f} | {r['compile_s']['meshperf']:.1f} / "
+          f"{c['baseline']:.0f}, {r['cpu_ratio']:.3f} | {k['meshperf']:.0f} / "
+          f"{k['baseline']:.0f}, {pf['meshperf']:,.0f} / {pf['baseline']:,.0f} | "
+          f"{r['compile_s']['meshperf']:.1f} / "
           f"{r['compile_s']['baseline']:.1f} | {f['meshperf'] / 1e9:.3f} / "
           f"{f['baseline'] / 1e9:.3f} ({_rel(r['flops_rel_diff'])}) | {r['params']:,} |")
     lines += ["", "Optimized HLO, ops per step (collectives and fusions as launched; "
