@@ -109,8 +109,8 @@ def test_package_layout_checks_and_score(series, package):
                       "result_summarizer": "PASS"}, p.stdout
   assert "rcp_checker         N/A   open division" in p.stdout
   expected = _olympic(logs)
-  assert f"score: {expected:.4f} min" in p.stdout
-  assert f"result_summarizer's score: {expected:.4f} min (the same)" in p.stdout
+  assert f"score: {expected:.4f} min" in p.stdout, p.stdout
+  assert f"result_summarizer's score: {expected:.4f} min (the same)" in p.stdout, p.stdout
   report = json.loads((dest / "package.json").read_text())
   assert report["score_minutes"] == pytest.approx(expected, rel=1e-12)
   assert report["official"] and report["required_runs"] == 5
