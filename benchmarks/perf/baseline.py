@@ -135,7 +135,7 @@ class Baseline:
     self.lr = lr if callable(lr) else (lambda step, lr=lr: jnp.asarray(lr, jnp.float32))
     self.tx = optax.sgd(lr, momentum=momentum, nesterov=True)
     self.weight_decay, self.seed = weight_decay, seed
-    self._step = jax.pmap(self._train_step, axis_name=AXIS, in_axes=(None, 0),
+    self.pmapped = jax.pmap(self._train_step, axis_name=AXIS, in_axes=(None, 0),
                           out_axes=(None, 0), devices=self.devices)
 
   def init(self) -> TrainState:
@@ -183,8 +183,5 @@ class Baseline:
                                   batch_stats=jax.lax.pmean(new_vars["batch_stats"], AXIS))
     return state, metrics
 
-  def lower(self, state, batch):
-    return self._step.lower(state, batch)
-
   def step(self, state, batch):
-    return self._step(state, batch)
+    return self.pmapped(state, batch)

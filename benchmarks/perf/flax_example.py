@@ -23,7 +23,6 @@ import importlib.util
 import os
 import statistics
 import sys
-import time
 
 WANTED = ("cross_entropy_loss", "compute_metrics", "create_learning_rate_fn", "train_step")
 
@@ -66,8 +65,9 @@ def _example_state():
   return ExampleState
 
 
-def prepare_example(models, ns, devs, a, local, lr_fn):
-  """The example's state and pmapped step on `devs`, and its batch."""
+def prepare_example(models, ns, devs, a, lr_fn):
+  """The example's initial state (on one device, as `create_train_state` leaves it) and its
+  pmapped step on `devs`."""
   import jax
   import jax.numpy as jnp
   import optax
@@ -76,15 +76,11 @@ def prepare_example(models, ns, devs, a, local, lr_fn):
   variables = jax.jit(model.init)({"params": jax.random.key(a.seed)},
                                   jnp.ones((1, a.image_size, a.image_size, 3), jnp.float32))
   state = _example_state().create(apply_fn=model.apply, params=variables["params"],
-                           tx=optax.sgd(lr_fn, momentum=0.9, nesterov=True),
-                           batch_stats=variables["batch_stats"], dynamic_scale=None)
+                                  tx=optax.sgd(lr_fn, momentum=0.9, nesterov=True),
+                                  batch_stats=variables["batch_stats"], dynamic_scale=None)
   step = jax.pmap(functools.partial(ns["train_step"], learning_rate_fn=lr_fn),
                   in_axes=(None, 0), out_axes=(None, 0), axis_name="batch", devices=devs)
-  n = len(devs)
-  batch = jax.pmap(lambda b: b, devices=devs)(
-      {"image": local["image"].reshape((n, -1) + local["image"].shape[1:]),
-       "label": local["label"].reshape((n, -1))})
-  return step, state, batch
+  return step, state
 
 
 def main(argv=None) -> int:
@@ -108,9 +104,8 @@ def main(argv=None) -> int:
   import jax
   import numpy as np
 
-  from benchmarks.perf import timing
+  from benchmarks.perf import handwritten, timing
   from benchmarks.perf.baseline import Baseline, learning_rate_fn
-  from mesh import cost
   try:
     models, ns = load_example(a.flax_dir)
   except ValueError as e:
@@ -123,43 +118,24 @@ def main(argv=None) -> int:
   for spec in a.devices.split(","):
     devs = jax.devices() if spec == "all" else jax.devices()[:int(spec)]
     n = len(devs)
-    ex_step, ex_state, ex_batch = prepare_example(models, ns, devs, a, local, lr_fn)
     base = Baseline(devs, 50, 64, a.num_classes, a.image_size, a.batch, lr=lr_fn, seed=a.seed)
-    ex_state = base.replicated(ex_state)    # the steady state's placement, as for the baseline
-    b_state, b_batch = base.init(), base.shard_batch(local["image"], local["label"])
-    progs = {"example": [ex_step, ex_state, ex_batch], "baseline": [base._step, b_state, b_batch]}
-    counts = {}
-    for name, (fn, state, batch) in progs.items():
-      compiled = fn.lower(state, batch).compile()
-      c = cost.analyze(compiled)
-      counts[name] = (c["flops_per_device"], c["collectives"].get("all-reduce", {}).get("count"))
-
-    def run(name):
-      fn, state, batch = progs[name]
-      t0, c0 = time.perf_counter(), time.process_time()
-      for _ in range(a.steps):
-        state, metrics = fn(state, batch)
-      jax.block_until_ready((state, metrics))
-      progs[name][1] = state
-      return (time.perf_counter() - t0) / a.steps, (time.process_time() - c0) / a.steps
-
-    for name in progs:
-      run(name)                                                     # warm-up
-
-    def said(r, g):
-      print(f"  {n} devices, round {r + 1}/{a.rounds}: " + ", ".join(
-          f"{k} {v[-1][0] * 1e3:.0f} ms" for k, v in g.items()), flush=True)
-    got = timing.take_turns({k: functools.partial(run, k) for k in progs}, a.rounds, "alternate",
-                            said)
-    wall = timing.ratios([w for w, _ in got["baseline"]], [w for w, _ in got["example"]])
-    cpu = timing.ratios([c for _, c in got["baseline"]], [c for _, c in got["example"]])
-    ms = {k: statistics.median(w for w, _ in v) * 1e3 for k, v in got.items()}
+    batch = base.shard_batch(local["image"], local["label"])
+    ex_step, ex_state = prepare_example(models, ns, devs, a, lr_fn)
+    # Both states placed as the steady state is (`Baseline.replicated`).
+    ex = handwritten.prepared("example", ex_step, base.replicated(ex_state), batch, local)
+    bl = handwritten.prepared("baseline", base.pmapped, base.init(), batch, local)
+    got = handwritten.alternate(ex, bl, a.rounds, a.steps, 1, lambda line: print(
+        f"  {n} devices, {line.strip()}", flush=True))
+    wall, cpu = (timing.ratios(got[k]["baseline"], got[k]["example"]) for k in ("wall", "cpu"))
+    ms = {k: statistics.median(v) * 1e3 for k, v in got["wall"].items()}
     q = timing.quartiles(wall)
+    f = {p.name: p.cost["flops_per_device"] for p in (ex, bl)}
+    ar = {p.name: p.cost["collectives"].get("all-reduce", {}).get("count") for p in (ex, bl)}
     print(f"{n} devices: example {ms['example']:.0f} ms/step, baseline {ms['baseline']:.0f} "
           f"ms/step; baseline / example wall {statistics.median(wall):.3f} "
           f"({q[0]:.3f}-{q[1]:.3f}), CPU {statistics.median(cpu):.3f}; FLOPs per device "
-          f"{counts['example'][0] / 1e9:.2f} G vs {counts['baseline'][0] / 1e9:.2f} G; "
-          f"all-reduces {counts['example'][1]} vs {counts['baseline'][1]}", flush=True)
+          f"{f['example'] / 1e9:.2f} G vs {f['baseline'] / 1e9:.2f} G; "
+          f"all-reduces {ar['example']} vs {ar['baseline']}", flush=True)
   return 0
 
 

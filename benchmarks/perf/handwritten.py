@@ -6,10 +6,10 @@ data-parallel over N devices, synthetic data, SGD with momentum); the hand-writt
 `benchmarks.perf.baseline` (the structure of flax's `examples/imagenet`: its ResNet with
 cross-replica batch norm, its `train_step` under `jax.pmap`, optax SGD with Nesterov momentum).
 Same model (parameter counts asserted equal), batch, devices and FLOPs (XLA's cost analysis of
-both compiled programs, within FLOPS_TOLERANCE). They
-take turns (`benchmarks.perf.timing`); the comparison is the median of the per-round ratios of
-their wall times, with their CPU times, compile times and the optimized HLO's op counts beside
-it. Goal: meshperf's step no slower (ratio <= 1.00) on every device count.
+both compiled programs, within FLOPS_TOLERANCE). They take turns (`benchmarks.perf.timing`);
+the comparison is the median of the per-round ratios of their wall times, with their CPU
+times, compile times and the optimized HLO's op counts beside it. Goal: meshperf's step no
+slower (ratio <= 1.00) on every device count.
 """
 
 from __future__ import annotations
@@ -76,19 +76,22 @@ def prepare_meshperf(a, devs) -> Prepared:
                   param_count(state["params"]))
 
 
+def prepared(name: str, step, state, batch, local: dict) -> Prepared:
+  """A pmapped `step` compiled for (state, batch) whose state has `params`, ready to time."""
+  from benchmarks.perf.baseline import param_count
+  t0 = time.time()
+  compiled = step.lower(state, batch).compile()
+  return Prepared(name, compiled, state, batch, local, time.time() - t0, cost.analyze(compiled),
+                  compiled.as_text(), param_count(state.params))
+
+
 def prepare_baseline(a, devs, lr, local: dict) -> Prepared:
   """The hand-written step, on the host batch `local` (meshperf's)."""
-  from benchmarks.perf.baseline import Baseline, param_count
+  from benchmarks.perf.baseline import Baseline
   base = Baseline(devs, a.depth, a.width, a.num_classes, a.image_size, a.batch,
                   cross_replica_bn=a.bn == "cross", lr=lr, seed=a.seed)
-  state = base.init()
-  batch = base.shard_batch(local["image"], local["label"])
-  t0 = time.time()
-  compiled = base.lower(state, batch).compile()
-  compile_s = time.time() - t0
-  params = param_count(state.params)
-  return Prepared("baseline", compiled, state, batch, local, compile_s, cost.analyze(compiled),
-                  compiled.as_text(), params)
+  return prepared("baseline", base.pmapped, base.init(),
+                  base.shard_batch(local["image"], local["label"]), local)
 
 
 def _run(p: Prepared, steps: int) -> tuple[float, float, float, float]:
