@@ -95,6 +95,15 @@ def main(argv=None) -> int:
   p.add_argument("--num_cpu_devices", type=int, default=8)
   a = p.parse_args(argv)
   a.num_classes, a.seed = 1000, 0
+  specs = a.devices.split(",")
+  if not all(x == "all" or (x.isdigit() and 1 <= int(x) <= a.num_cpu_devices) for x in specs):
+    print(f"error: --devices={a.devices}: give device counts from 1 to {a.num_cpu_devices} or "
+          f"'all', separated by commas", file=sys.stderr)
+    return 2
+  if min(a.rounds, a.steps, a.batch, a.image_size) < 1:
+    print("error: --rounds, --steps, --batch and --image_size must be at least 1",
+          file=sys.stderr)
+    return 2
   if not os.path.isfile(os.path.join(a.flax_dir, "examples", "imagenet", "models.py")):
     print(f"error: --flax_dir={a.flax_dir} holds no examples/imagenet/models.py; give a "
           f"checkout of github.com/google/flax", file=sys.stderr)
@@ -115,9 +124,13 @@ def main(argv=None) -> int:
   local = {"image": rng.standard_normal((a.batch, a.image_size, a.image_size, 3), np.float32),
            "label": rng.integers(0, a.num_classes, a.batch).astype(np.int32)}
   lr_fn = learning_rate_fn(0.1, 5, 100)
-  for spec in a.devices.split(","):
+  for spec in specs:
     devs = jax.devices() if spec == "all" else jax.devices()[:int(spec)]
     n = len(devs)
+    if a.batch % n:
+      print(f"error: --batch={a.batch} does not split over {n} devices; give a multiple of {n}",
+            file=sys.stderr)
+      return 2
     base = Baseline(devs, 50, 64, a.num_classes, a.image_size, a.batch, lr=lr_fn, seed=a.seed)
     batch = base.shard_batch(local["image"], local["label"])
     ex_step, ex_state = prepare_example(models, ns, devs, a, lr_fn)
