@@ -86,9 +86,9 @@ def test_baseline_is_flax_examples_step_on_meshperfs_network():
 
 
 def test_after_every_gradient_adds_nothing_but_joins_them_all():
-  """`step.after_every_gradient` leaves finite gradients as they are, bit for bit (also a
-  scalar and a bfloat16 one), and makes every one of them depend on every other: an infinity
-  in the element it reads of one (the first) makes all NaN."""
+  """`step.after_every_gradient` leaves finite gradients equal to what they were (-0.0
+  becomes +0.0; also a scalar and a bfloat16 one), and makes every one of them depend on every
+  other: an infinity in the element it reads of one (the first) makes all NaN."""
   grads = {"w": jnp.arange(12.0).reshape(3, 4) - 5.5, "b": jnp.asarray(-0.0),
            "h": jnp.full((2, 2, 2), 3.0, jnp.bfloat16)}
   out = jax.jit(step_lib.after_every_gradient)(grads)

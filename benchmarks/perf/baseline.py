@@ -136,7 +136,7 @@ class Baseline:
     self.tx = optax.sgd(lr, momentum=momentum, nesterov=True)
     self.weight_decay, self.seed = weight_decay, seed
     self.pmapped = jax.pmap(self._train_step, axis_name=AXIS, in_axes=(None, 0),
-                          out_axes=(None, 0), devices=self.devices)
+                            out_axes=(None, 0), devices=self.devices)
 
   def init(self) -> TrainState:
     """The initial state, unmapped (as the example's `create_train_state`), placed as the step
