@@ -228,6 +228,7 @@ def collectives(hlo_text: str, num_devices: int | None = None,
   parsed = parsed or hlo.parse(hlo_text)
   if runs is None:
     runs, _ = hlo.multipliers(hlo_text, unknown_trips, parsed)
+  fused = hlo.collective_fusions(parsed)
   out = []
   for computation, body in parsed[0].items():
     for ins in body:
@@ -236,6 +237,11 @@ def collectives(hlo_text: str, num_devices: int | None = None,
         continue
       kind, suffix = m.groups()
       shapes = [(d, s) for d, s in _SHAPE.findall(ins["shape"])]
+      name, runs_in = ins["name"], computation
+      as_fused = fused.get(computation)
+      if as_fused is not None and as_fused["inner"] == name:   # the fusion is the collective
+        kind, name, runs_in = as_fused["op"], as_fused["fusion"], as_fused["caller"]
+        shapes = [(d, s) for d, s in _SHAPE.findall(as_fused["shape"])]
       if suffix == "-start" and kind in ("all-gather", "collective-permute"):
         shapes = [x for x in shapes if x[1] != ""]   # drop scalar context buffers
         shapes = shapes[len(shapes) // 2:]           # (operands..., results...)
@@ -246,7 +252,7 @@ def collectives(hlo_text: str, num_devices: int | None = None,
       group_size = 2 if is_pairs else (len(groups[0]) if groups else 0)
       dtype = ",".join(sorted({d for d, _ in shapes}))
       out.append(Collective(kind, size, raw, line.strip(), groups, group_size, everyone, dtype,
-                            runs.get(computation, 1), ins["name"]))
+                            runs.get(runs_in, 1), name))
   return out
 
 

@@ -100,6 +100,33 @@ def operands(ins: dict[str, str]) -> list[str]:
   return [a.strip().lstrip("%") for a in args.split(",") if a.strip()]
 
 
+# A fusion the TPU compiler emits as one collective: `kind=kCustom`, calling a computation that
+# holds an all-reduce and returns slices of it (libtpu's "all-reduce-scatter fusion", which it
+# emits with its own ring or 2-D reduce-scatter algorithm: a reduce-scatter whose shards needed
+# padding or a relayout, e.g. a (33,792, 1,024) gradient cut into 8 blocks of 4,224 rows, padded
+# to 4,256). Its bytes are the slices it returns, as a reduce-scatter's are its shard.
+_SLICES = ("dynamic-slice", "slice", "tuple", "bitcast")
+
+
+def collective_fusions(parsed: Parsed) -> dict[str, dict[str, str]]:
+  """{fused computation: {"fusion": the calling instruction, "caller": its computation, "op":
+  "reduce-scatter", "shape": the fusion's result, "inner": the all-reduce's instruction}} for
+  every fusion the TPU runs as a collective (see above)."""
+  comps = parsed[0]
+  out = {}
+  for caller, body in comps.items():
+    for ins in body:
+      if ins["op"] != "fusion" or "kind=kCustom" not in ins["rest"]:
+        continue
+      called = _CALLS.search(ins["rest"])
+      inner = comps.get(called.group("c"), []) if called else []
+      reduce = [i for i in inner if i["op"] == "all-reduce"]
+      if reduce and inner[-1]["op"] in _SLICES:
+        out[called.group("c")] = {"fusion": ins["name"], "caller": caller, "shape": ins["shape"],
+                                  "op": "reduce-scatter", "inner": reduce[0]["name"]}
+  return out
+
+
 def _constant(name: str, by_name: dict[str, dict[str, str]], depth: int = 0) -> int | None:
   """The integer a scalar instruction holds: a constant, through copies and bitcasts."""
   ins = by_name.get(name)

@@ -309,8 +309,15 @@ def kernels(text: str, mxu: int = 128, parsed: hlo.Parsed | None = None,
   comps = parsed[0]
   runs, _ = hlo.multipliers(text, unknown_trips, parsed)
   shapes = shapes_of(parsed)
+  fused = _fused_collectives(parsed)
   return [(kernel(ins, comps, shapes, mxu), runs[name]) for name in running(parsed, runs)
-          for ins in comps[name] if is_kernel(ins)]
+          for ins in comps[name] if is_kernel(ins) and ins["name"] not in fused]
+
+
+def _fused_collectives(parsed: hlo.Parsed) -> dict[str, str]:
+  """{fusion instruction: its collective} for the fusions the TPU runs as one collective
+  (`mesh.hlo.collective_fusions`): not kernels."""
+  return {f["fusion"]: f["op"] for f in hlo.collective_fusions(parsed).values()}
 
 
 def running(parsed: hlo.Parsed, runs: dict[str, int]) -> list[str]:
@@ -348,13 +355,16 @@ def steps(text: str, mxu: int = 128, parsed: hlo.Parsed | None = None,
   trips = {lp["body"]: lp for lp in loops}
   shapes = shapes_of(parsed)
   wrapped: dict[str, str] = {}          # async-start -> the collective it wraps
+  fused = _fused_collectives(parsed)
   out: dict[str, list[dict[str, Any]]] = {}
   for name in running(parsed, runs):
     seq = []
     for ins in comps[name]:
       op = ins["op"]
       base = op.removesuffix("-start").removesuffix("-done")
-      if op == "while":
+      if ins["name"] in fused:            # synchronous, priced under the fusion's name
+        seq.append({"kind": "collective", "name": ins["name"], "op": fused[ins["name"]]})
+      elif op == "while":
         body = re.search(r"\bbody=%(?P<c>[^\s,)}]+)", ins["rest"])
         cond = re.search(r"\bcondition=%(?P<c>[^\s,)}]+)", ins["rest"])
         lp = trips.get(body.group("c") if body else None, {})

@@ -228,6 +228,50 @@ def test_asynchronous_collectives_pair_their_halves_by_the_collective_they_run()
   assert names == {"ars", "rs"}
 
 
+# The form libtpu 0.0.42.1 gave a Transformer's embedding gradient (33,792 rows) reduce-scattered
+# over 8 cores: padded to 8 x 4,256 rows, all-reduced and sliced, in one kCustom fusion.
+FUSED = """HloModule m, is_scheduled=true, num_partitions=8
+%add (a: bf16[], b: bf16[]) -> bf16[] {
+  %a = bf16[]{:T(512)} parameter(0)
+  %b = bf16[]{:T(512)} parameter(1)
+  ROOT %s = bf16[]{:T(512)} add(%a, %b)
+}
+%all-reduce-scatter (input: bf16[33792,1024]) -> bf16[4256,1024] {
+  %input = bf16[33792,1024]{1,0:T(8,128)(2,1)} parameter(0)
+  %zero = bf16[] constant(0)
+  %pad = bf16[34048,1024]{1,0:T(8,128)(2,1)} pad(%input, %zero), padding=0_256x0_0
+  %ar = bf16[34048,1024]{1,0:T(8,128)(2,1)} all-reduce(%pad), channel_id=1, replica_groups={{0,1,2,3,4,5,6,7}}, use_global_device_ids=true, to_apply=%add
+  %id = u32[] partition-id()
+  %rows = u32[] constant(4256)
+  %at = u32[] multiply(%id, %rows)
+  %c0 = u32[] constant(0)
+  ROOT %ds = bf16[4256,1024]{1,0:T(8,128)(2,1)} dynamic-slice(%ar, %at, %c0), dynamic_slice_sizes={4256,1024}
+}
+ENTRY %main (g: bf16[33792,1024], y: f32[1024,1024]) -> (bf16[4256,1024], f32[1024,1024]) {
+  %g = bf16[33792,1024]{1,0:T(8,128)(2,1)} parameter(0)
+  %y = f32[1024,1024]{1,0:T(8,128)} parameter(1)
+  %rs = bf16[4256,1024]{1,0:T(8,128)(2,1)} fusion(%g), kind=kCustom, calls=%all-reduce-scatter
+  %neg = f32[1024,1024]{1,0:T(8,128)} negate(%y)
+  ROOT %t = (bf16[4256,1024]{1,0:T(8,128)(2,1)}, f32[1024,1024]{1,0:T(8,128)}) tuple(%rs, %neg)
+}
+"""  # noqa: E501 (HLO lines as the compiler prints them)
+
+
+def test_an_all_reduce_scatter_fusion_is_a_synchronous_reduce_scatter_not_a_kernel():
+  """libtpu runs a kCustom fusion of an all-reduce whose result it slices as one reduce-scatter:
+  the schedule waits for it under the fusion's name, it is priced by its shard (the slice it
+  returns), and it is not a kernel whose only cost is HBM traffic."""
+  from mesh import cost
+  program = kernels.steps(FUSED)
+  seq = program["computations"]["main"]
+  assert [(s["kind"], s.get("name"), s.get("op")) for s in seq] == [
+      ("collective", "rs", "reduce-scatter"), ("kernel", None, None)]
+  assert [k.name for k, _ in kernels.kernels(FUSED)] == ["neg"]
+  (rs,) = cost.collectives(FUSED)
+  assert (rs.kind, rs.name, rs.bytes, rs.group_size) == ("reduce-scatter", "rs",
+                                                         4256 * 1024 * 2, 8)
+
+
 @pytest.mark.parametrize("shape,launches", [
     ("u32[1]{0:T(256)S(6)}", False),            # a generator's counter in the scalar memory
     ("(u32[1]{0:T(256)S(6)}, u32[1]{0:T(256)S(6)})", False),
