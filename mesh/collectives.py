@@ -68,12 +68,19 @@ class Reduction:
     dimension is None, all-reducing over that phase: on the dimensions named, the block a
     PartitionSpec naming each phase's axes there (in phase order) places on a replica. Summed
     in `dtype`, returned in `x`'s own."""
-    out = x.dtype
-    x = self._narrow(x)
-    for p, d in zip(self.phases, self._dims(dims)):
+    out, shape, dims = x.dtype, x.shape, self._dims(dims)
+    # Without its dimensions of size 1: libtpu emitted the reduce-scatter of a (1, 1, 1024, 256)
+    # convolution gradient along its 1,024 as an all-reduce of the whole tensor and a slice, and
+    # that of the same gradient as (1024, 256) as a reduce-scatter (libtpu 0.0.42.1, v3:8x8).
+    keep = [i for i, n in enumerate(shape) if n != 1 or i in dims]
+    x = self._narrow(x).reshape([shape[i] for i in keep])
+    for p, d in zip(self.phases, dims):
       x = jax.lax.psum(x, p) if d is None else jax.lax.psum_scatter(
-          x, p, scatter_dimension=d, tiled=True)
-    return x.astype(out)
+          x, p, scatter_dimension=keep.index(d), tiled=True)
+    block = list(shape)
+    for i, n in zip(keep, x.shape):
+      block[i] = n
+    return x.reshape(block).astype(out)
 
   def all_gather(self, x: jax.Array, dims: int | Sequence[int | None] = 0) -> jax.Array:
     """The inverse of `reduce_scatter`'s layout: every replica's block, phases in reverse."""

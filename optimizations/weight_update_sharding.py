@@ -12,14 +12,14 @@ no data, and no parameter is flattened or copied into a bucket. (Flattening ever
 into one (N, M) bucket of rows, as this module first did, costs on TPU a relayout of each
 parameter both ways, because its tiled layouts make a reshape across the minor dimensions a
 copy.) Of the dimensions free of model-parallel axes that a phase's devices divide, never the
-minor one of a matrix or more, the choice is the one that leaves each replica the fewest
-elements in the (8, 128) tiles TPUs lay the two minor dimensions out in (XLA's "Tiled layout"
-docs; TPU HLO prints them as `{1,0:T(8,128)}`), then the fewest elements, then the most major
-dimension. A phase that divides none of them all-reduces the block instead, and its replicas
-update that block alike (a Transformer projection's 1,024 rows over 64 x 32 replicas: 1/64
-each). A parameter no phase can split (a 1000-class bias on 64 replicas, ResNet's 7x7x3x64
-first convolution) is updated whole on every replica, its gradient all-reduced with the other
-such small ones in one bucket.
+minor one of a matrix or more as a TPU lays it out (`minor_dim`), the choice is the one that
+leaves each replica the fewest elements in the (8, 128) tiles TPUs lay the two minor dimensions
+out in (XLA's "Tiled layout" docs; TPU HLO prints them as `{1,0:T(8,128)}`), then the fewest
+elements, then the most major dimension. A phase that divides none of them all-reduces the
+block instead, and its replicas update that block alike (a Transformer projection's 64 d_kv
+columns over 64 x 32 replicas: 1/64 each). A parameter no phase can split (a 1000-class bias
+on 64 replicas, ResNet's 7x7x3x64 first convolution) is updated whole on every replica, its
+gradient all-reduced with the other such small ones in one bucket.
 
 The state keeps each replica's blocks (its parameters' sharding is `view_shardings`: the
 model's layout plus the data-parallel axes on the split dimensions), so the update moves no
@@ -48,13 +48,47 @@ from optimizations import Optimization, Plan, Update, explicit_reduction
 TILE = (8, 128)   # a TPU's tile of the two minor dimensions (float32)
 
 
-def _tiled(shape) -> int:
-  """Elements of `shape` in (8, 128) tiles of its two minor dimensions."""
+def minor_dim(shape) -> int:
+  """The dimension a TPU lays out minor, as read here: for three dimensions or more, the last
+  one whose size fills whole 128-wide tiles, else the last. TPU layouts pad the minor dimension
+  to a multiple of 128 and the second-minor to 8 (XLA's tiled layouts), and libtpu moves a
+  smaller last dimension out of the minor place: it laid a Transformer's (embed, heads, d_kv)
+  = (1024, 16, 64) projection out as `bf16[1024,16,64]{0,2,1:T(8,128)(2,1)}`, 1,024 minor. A
+  matrix keeps its last dimension: libtpu relaid out the Transformer's (1024, 4096)
+  feed-forward kernels for their reduce-scatters, and a classifier's (2048, 1000) kernel has no
+  other dimension the data-parallel replicas divide."""
+  fits = [d for d, n in enumerate(shape) if n % TILE[1] == 0]
+  return fits[-1] if fits and len(shape) >= 3 else len(shape) - 1
+
+
+def _tiled(shape, minor: int | None = None) -> int:
+  """Elements of `shape` in (8, 128) tiles of its two minor dimensions, `minor` (default the
+  last) laid out minor and the last of the others second-minor."""
   shape = list(shape)
+  if minor is not None and shape:
+    shape.append(shape.pop(minor))
   for i, t in zip((-2, -1), TILE):
     if len(shape) >= -i:
       shape[i] = -(-shape[i] // t) * t
   return math.prod(shape)
+
+
+def _best(shape, sizes, free, low):
+  """(fewest elements in tiles with `low` minor, fewest elements, most major dimensions, the
+  dims) of the splits of `free` dimensions the phases' sizes divide; None if none does."""
+  best = None
+  for dims in itertools.product(free + [None], repeat=len(sizes)):
+    block = list(shape)
+    for d, n in zip(dims, sizes):
+      if d is not None:
+        if block[d] % n:
+          break
+        block[d] //= n
+    else:
+      key = (_tiled(block, low), math.prod(block), tuple(len(shape) if d is None else d
+                                                    for d in dims), dims)
+      best = min(best, key) if best else key
+  return best
 
 
 def split_dims(shape: tuple[int, ...], spec: PartitionSpec, sizes: tuple[int, ...],
@@ -65,25 +99,26 @@ def split_dims(shape: tuple[int, ...], spec: PartitionSpec, sizes: tuple[int, ..
   replicas all-reduce the block and update it alike); None: the parameter is updated whole.
   `whole`: dimensions never split (a scanned model's stacked layers, `mesh.sharding.LAYERS`).
   `minor`: a matrix's minor dimension may be split too where every block keeps whole 128-wide
-  tiles of it (fsdp, which must split every large parameter)."""
+  tiles of it (fsdp, which must split every large parameter).
+
+  Never the minor dimension of a matrix or more: a block of a few of its elements would sit in
+  128-wide tiles and make the compiler lay the parameter out anew around the update, or sum the
+  whole tensor and slice it (libtpu did, for the (1024, 16, 64) projections split along their
+  1,024 over 8 cores). Where a TPU lays out another dimension than the last minor
+  (`minor_dim`), that one is left whole if the blocks then fill their tiles as the whole tensor
+  does: the projections split along heads, then d_kv, over 8 x 4 cores, blocks (1024, 2, 16).
+  Otherwise (over 32 x 16 cores the same rule leaves blocks of 2 of d_kv's 8-row tiles, and
+  libtpu's matrix unit then worked through a third more) the last dimension is the minor one."""
   entries = tuple(spec) + (None,) * (len(shape) - len(spec))
-  # Not the minor dimension of a matrix or more: a block of a few of its elements would sit in
-  # 128-wide tiles and make the compiler lay the parameter out anew around the update.
-  tiles_whole = minor and shape[-1] % (math.prod(sizes) * TILE[1]) == 0
-  free = [d for d in range(len(shape)) if entries[d] is None and d not in whole and (
-      d < len(shape) - 1 or len(shape) == 1 or tiles_whole)]
-  best = None
-  for dims in itertools.product(free + [None], repeat=len(sizes)):
-    block = list(shape)
-    for d, n in zip(dims, sizes):
-      if d is not None:
-        if block[d] % n:
-          break
-        block[d] //= n
-    else:
-      key = (_tiled(block), math.prod(block), tuple(len(shape) if d is None else d
-                                                    for d in dims), dims)
-      best = min(best, key) if best else key
+  last = len(shape) - 1
+  for low in dict.fromkeys((minor_dim(shape), last)):
+    tiles_whole = minor and shape[low] % (math.prod(sizes) * TILE[1]) == 0
+    free = [d for d in range(len(shape)) if entries[d] is None and d not in whole and (
+        d != low or len(shape) == 1 or tiles_whole)]
+    best = _best(shape, sizes, free, low)
+    if low == last or (best is not None and best[0] * _tiled(shape, low) <= best[1] * math.prod(
+        shape)):
+      break
   return None if best is None or all(d is None for d in best[-1]) else best[-1]
 
 

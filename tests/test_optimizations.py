@@ -92,6 +92,32 @@ def test_bfloat16_reduction_sums_each_replicas_rounded_gradient():
       assert narrow and set(narrow) == {"bf16" if red.dtype else "f32"}, (red.dtype, narrow)
 
 
+def test_reduce_scatter_leaves_out_dimensions_of_size_one():
+  """A (1, 1, 16, 4) gradient, shaped like a 1x1 convolution's, travels as (16, 4) (libtpu made
+  an all-reduce of the whole tensor of the 4-D form), and every replica still gets its block of
+  the 4-D sum: against numpy, on two phases (x:4, y:2), each scattering the 16 rows or the
+  second all-reducing."""
+  rng = np.random.default_rng(1)
+  x = rng.integers(-8, 9, size=(8, 1, 1, 16, 4)).astype(np.float32)     # replica, HWIO
+  want = x.sum(0)
+  shd, plan = helpers.planned("x:4,y:2", "batch:x+y", "grad_sum_2d")
+  mesh, axes, red = shd.mesh, plan.batch_axes, plan.reduction
+  xs = jax.device_put(x, jax.sharding.NamedSharding(mesh, PartitionSpec(axes)))
+  for dims, rows in (((2, 2), 2), ((2, None), 4)):
+    f = jax.jit(jax.shard_map(lambda b, dims=dims: red.reduce_scatter(b[0], dims)[None],
+                              mesh=mesh, in_specs=PartitionSpec(axes),
+                              out_specs=PartitionSpec(axes)))
+    got = np.asarray(f(xs))
+    assert got.shape == (8, 1, 1, rows, 4)
+    for r, block in enumerate(got):
+      i, j = divmod(r, 2)                      # replica r: x index i, y index j
+      start = i * 4 + (j * 2 if dims[1] is not None else 0)
+      np.testing.assert_array_equal(block, want[:, :, start:start + rows])
+    text = f.lower(xs).as_text()
+    operands = re.findall(r'reduce_scatter".*?\}\) : \(tensor<([\dx]*)f32>\)', text, re.S)
+    assert operands and all(o.count("x") == 2 for o in operands), operands
+
+
 @pytest.mark.parametrize("opts,mesh,layout,needle", [
     ("fast_mode", "data:8", "batch:data", "unknown optimization 'fast_mode'"),
     ("grad_sum_2d,grad_sum_2d", "x:4,y:2", "batch:x+y", "names an optimization twice"),
@@ -166,7 +192,14 @@ def test_weight_update_sharding_splits_each_parameter_in_its_own_shape():
   assert split_dims((2048, 1000), PartitionSpec(), two) == (0, 0)     # ResNet's dense kernel
   assert split_dims((3, 3, 64, 64), PartitionSpec(), two) == (2, None)    # a conv, HWIO
   assert split_dims((3, 3, 128, 256), PartitionSpec(), two) == (2, None)  # 2 rows, not 4
-  assert split_dims((1024, 16, 64), PartitionSpec(), two) == (0, None)    # (embed, heads, d_kv)
+  # (embed, heads, d_kv): a TPU lays the 1,024 out minor (`minor_dim`), so not that one where
+  # the blocks fill their tiles without it; where they would not, as before.
+  assert split_dims((1024, 16, 64), PartitionSpec(), (8, 4)) == (1, 2)   # (1024, 2, 16)
+  assert split_dims((1024, 16, 64), PartitionSpec(), (16, 8)) == (1, 2)  # (1024, 1, 8)
+  assert split_dims((1024, 16, 64), PartitionSpec(), (32, 16)) == (0, 0)
+  assert split_dims((1024, 16, 64), PartitionSpec(), two) == (0, None)
+  assert split_dims((16, 64, 1024), PartitionSpec(), (8, 4)) == (0, 1)   # its output projection
+  assert split_dims((1, 1, 256, 64), PartitionSpec(), two) == (2, None)
   assert split_dims((1024,), PartitionSpec(), two) == (0, None)       # a vector: its only dim
   assert split_dims((7, 7, 3, 64), PartitionSpec(), two) is None      # ResNet's first conv
   assert split_dims((1000,), PartitionSpec(), two) is None
@@ -175,12 +208,12 @@ def test_weight_update_sharding_splits_each_parameter_in_its_own_shape():
   assert split_dims((10,), PartitionSpec(), (8,)) is None
   assert split_dims((4, 1024), PartitionSpec(), (8,)) is None          # not the minor dim
   # A dimension split over a model axis is not split again.
-  assert split_dims((1024, 16, 64), PartitionSpec(None, "model"), (8,)) == (0,)
+  assert split_dims((1024, 16, 64), PartitionSpec(None, "model"), (8,)) == (2,)   # (1024, 16, 8)
   assert split_dims((16, 64, 1024), PartitionSpec("model"), (8,)) == (1,)
   assert split_dims((16, 1024), PartitionSpec("model"), (8,)) is None
   # A scanned model's stacked layers are never split, however well they divide.
-  assert split_dims((32, 1024, 16), PartitionSpec(), (8,)) == (0,)
-  assert split_dims((32, 1024, 16), PartitionSpec(), (8,), whole=(0,)) == (1,)
+  assert split_dims((32, 1024, 128), PartitionSpec(), (8,)) == (0,)
+  assert split_dims((32, 1024, 128), PartitionSpec(), (8,), whole=(0,)) == (1,)
   assert split_dims((32, 1024), PartitionSpec(), (8,), whole=(0,)) is None
   # fsdp may split a minor dimension where each block keeps whole 128-wide tiles.
   down = ((32, 14336, 4096), PartitionSpec(None, "model"), (16,), (0,))
