@@ -105,7 +105,7 @@ def operands(ins: dict[str, str]) -> list[str]:
 # emits with its own ring or 2-D reduce-scatter algorithm: a reduce-scatter whose shards needed
 # padding or a relayout, e.g. a (33,792, 1,024) gradient cut into 8 blocks of 4,224 rows, padded
 # to 4,256). Its bytes are the slices it returns, as a reduce-scatter's are its shard.
-_SLICES = ("dynamic-slice", "slice", "tuple", "bitcast")
+_SLICES = ("dynamic-slice", "slice")
 
 
 def collective_fusions(parsed: Parsed) -> dict[str, dict[str, str]]:
@@ -121,7 +121,10 @@ def collective_fusions(parsed: Parsed) -> dict[str, dict[str, str]]:
       called = _CALLS.search(ins["rest"])
       inner = comps.get(called.group("c"), []) if called else []
       reduce = [i for i in inner if i["op"] == "all-reduce"]
-      if reduce and inner[-1]["op"] in _SLICES:
+      local = {i["name"]: i for i in inner}
+      root = inner[-1:] if not inner or inner[-1]["op"] != "tuple" else [
+          local.get(o, {"op": ""}) for o in operands(inner[-1])]
+      if reduce and root and all(r["op"] in _SLICES for r in root):
         out[called.group("c")] = {"fusion": ins["name"], "caller": caller, "shape": ins["shape"],
                                   "op": "reduce-scatter", "inner": reduce[0]["name"]}
   return out

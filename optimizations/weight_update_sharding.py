@@ -12,12 +12,13 @@ no data, and no parameter is flattened or copied into a bucket. (Flattening ever
 into one (N, M) bucket of rows, as this module first did, costs on TPU a relayout of each
 parameter both ways, because its tiled layouts make a reshape across the minor dimensions a
 copy.) Of the dimensions free of model-parallel axes that a phase's devices divide, never the
-minor one of a matrix or more as a TPU lays it out (`minor_dim`), the choice is the one that
-leaves each replica the fewest elements in the (8, 128) tiles TPUs lay the two minor dimensions
-out in (XLA's "Tiled layout" docs; TPU HLO prints them as `{1,0:T(8,128)}`), then the fewest
-elements, then the most major dimension. A phase that divides none of them all-reduces the
-block instead, and its replicas update that block alike (a Transformer projection's 64 d_kv
-columns over 64 x 32 replicas: 1/64 each). A parameter no phase can split (a 1000-class bias
+minor one of a matrix or more (the last, or the one a TPU lays out minor where the blocks fill
+their tiles without it: `split_dims`), the choice is the one that leaves each replica the
+fewest elements in the (8, 128) tiles TPUs lay the two minor dimensions out in (XLA's "Tiled
+layout" docs; TPU HLO prints them as `{1,0:T(8,128)}`), then the fewest elements, then the
+most major dimension. A phase that divides none of them all-reduces the block instead, and its
+replicas update that block alike (a Transformer projection's 1,024 rows over 64 x 32
+replicas: 1/64 each). A parameter no phase can split (a 1000-class bias
 on 64 replicas, ResNet's 7x7x3x64 first convolution) is updated whole on every replica, its
 gradient all-reduced with the other such small ones in one bucket.
 
