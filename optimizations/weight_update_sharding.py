@@ -117,8 +117,9 @@ def split_dims(shape: tuple[int, ...], spec: PartitionSpec, sizes: tuple[int, ..
     free = [d for d in range(len(shape)) if entries[d] is None and d not in whole and (
         d != low or len(shape) == 1 or tiles_whole)]
     best = _best(shape, sizes, free, low)
-    if low == last or (best is not None and best[0] * _tiled(shape, low) <= best[1] * math.prod(
-        shape)):
+    splits = best is not None and any(d is not None for d in best[-1])
+    # Tiled over actual elements, the blocks' no more than the whole tensor's.
+    if low == last or (splits and best[0] * math.prod(shape) <= best[1] * _tiled(shape, low)):
       break
   return None if best is None or all(d is None for d in best[-1]) else best[-1]
 

@@ -200,6 +200,8 @@ def test_weight_update_sharding_splits_each_parameter_in_its_own_shape():
   assert split_dims((1024, 16, 64), PartitionSpec(), two) == (0, None)
   assert split_dims((16, 64, 1024), PartitionSpec(), (8, 4)) == (0, 1)   # its output projection
   assert split_dims((1, 1, 256, 64), PartitionSpec(), two) == (2, None)
+  # Where only the dimension a TPU lays out minor divides, it is split as before.
+  assert split_dims((1, 1, 2048, 64), PartitionSpec(), (2048,)) == (2,)
   assert split_dims((1024,), PartitionSpec(), two) == (0, None)       # a vector: its only dim
   assert split_dims((7, 7, 3, 64), PartitionSpec(), two) is None      # ResNet's first conv
   assert split_dims((1000,), PartitionSpec(), two) is None
