@@ -121,10 +121,12 @@ def collective_fusions(parsed: Parsed) -> dict[str, dict[str, str]]:
       called = _CALLS.search(ins["rest"])
       inner = comps.get(called.group("c"), []) if called else []
       reduce = [i for i in inner if i["op"] == "all-reduce"]
+      if not reduce:
+        continue
+      root = inner[-1]
       local = {i["name"]: i for i in inner}
-      root = inner[-1:] if not inner or inner[-1]["op"] != "tuple" else [
-          local.get(o, {"op": ""}) for o in operands(inner[-1])]
-      if reduce and root and all(r["op"] in _SLICES for r in root):
+      results = [local.get(o, root) for o in operands(root)] if root["op"] == "tuple" else [root]
+      if all(r["op"] in _SLICES for r in results):
         out[called.group("c")] = {"fusion": ins["name"], "caller": caller, "shape": ins["shape"],
                                   "op": "reduce-scatter", "inner": reduce[0]["name"]}
   return out
