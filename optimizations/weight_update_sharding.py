@@ -18,9 +18,13 @@ fewest elements in the (8, 128) tiles TPUs lay the two minor dimensions out in (
 layout" docs; TPU HLO prints them as `{1,0:T(8,128)}`), then the fewest elements, then the
 most major dimension. A phase that divides none of them all-reduces the block instead, and its
 replicas update that block alike (a Transformer projection's 1,024 rows over 64 x 32
-replicas: 1/64 each). A parameter no phase can split (a 1000-class bias
-on 64 replicas, ResNet's 7x7x3x64 first convolution) is updated whole on every replica, its
-gradient all-reduced with the other such small ones in one bucket.
+replicas: 1/64 each). A vector is split only into blocks of a TPU's 1-D tile or more
+(`VECTOR_TILE`): a 1,024-wide layer-norm scale over 64 replicas would leave 16 elements a
+replica, each in a tile of its own, and cost a reduce-scatter, a slice and a gather kernel for
+an update of 4 KB (libtpu emitted the gather of such blocks as a broadcast, a
+dynamic-update-slice and an all-reduce). A parameter no phase can split (a 1000-class bias
+on 64 replicas, ResNet's 7x7x3x64 first convolution, the vectors) is updated whole on every
+replica, its gradient all-reduced with the other such small ones in one bucket.
 
 The state keeps each replica's blocks (its parameters' sharding is `view_shardings`: the
 model's layout plus the data-parallel axes on the split dimensions), so the update moves no
@@ -47,6 +51,9 @@ from mesh.sharding import LAYERS, spec_entry
 from optimizations import Optimization, Plan, Update, explicit_reduction
 
 TILE = (8, 128)   # a TPU's tile of the two minor dimensions (float32)
+# A TPU's tile of a float32 vector: libtpu lays a 1-D array out in tiles of 1,024 elements (a
+# bias of 1,024 as `f32[1024]{0:T(1024)}`; a block of 16 of it still fills a tile of 256).
+VECTOR_TILE = 1024
 
 
 def minor_dim(shape) -> int:
@@ -76,7 +83,9 @@ def _tiled(shape, minor: int | None = None) -> int:
 
 def _best(shape, sizes, free, low):
   """(fewest elements in tiles with `low` minor, fewest elements, most major dimensions, the
-  dims) of the splits of `free` dimensions the phases' sizes divide; None if none does."""
+  dims) of the splits of `free` dimensions the phases' sizes divide; None if none does. A
+  vector's blocks must fill a tile (`VECTOR_TILE`): smaller ones would take a tile each, and
+  their collectives and slices cost more than updating the vector whole."""
   best = None
   for dims in itertools.product(free + [None], repeat=len(sizes)):
     block = list(shape)
@@ -86,6 +95,8 @@ def _best(shape, sizes, free, low):
           break
         block[d] //= n
     else:
+      if len(shape) == 1 and block != list(shape) and block[0] < VECTOR_TILE:
+        continue
       key = (_tiled(block, low), math.prod(block), tuple(len(shape) if d is None else d
                                                     for d in dims), dims)
       best = min(best, key) if best else key
