@@ -68,7 +68,6 @@ class BatchNorm(nn.Module):
                                  manual, k)
         var = _variance(mean, mean2)
         y = _normalize(xf, mean, var, scale, bias, self.epsilon)
-        mean, var = mean[None], var[None]
       else:
         span = self.span or b
         if b % span:
@@ -81,12 +80,20 @@ class BatchNorm(nn.Module):
         var = _variance(mean, jnp.mean(jnp.square(g), axes, keepdims=True))
         y = _normalize(g, mean, var, scale, bias, self.epsilon).reshape(x.shape)
       if not self.is_initializing():
+        # The groups' mean of the moments; the distributed branch's are one group's, (c,)
+        # already: no reshape to (1, c), which on TPU is a relayout kernel per moment (libtpu
+        # lays an f32[256] out as `{0:T(256)}` and an f32[1, 256] as `{1,0:T(2,128)}`).
         m = self.momentum
-        mean_v.value = m * mean_v.value + (1 - m) * jnp.mean(mean.reshape(-1, c), axis=0)
-        var_v.value = m * var_v.value + (1 - m) * jnp.mean(var.reshape(-1, c), axis=0)
+        mean_v.value = m * mean_v.value + (1 - m) * _groups_mean(mean, c)
+        var_v.value = m * var_v.value + (1 - m) * _groups_mean(var, c)
     else:
       y = _normalize(x.astype(f), mean_v.value, var_v.value, scale, bias, self.epsilon)
     return y.astype(self.dtype)
+
+
+def _groups_mean(moment: jax.Array, c: int) -> jax.Array:
+  """The mean over the batch-norm groups of one moment of `c` channels."""
+  return moment if moment.shape == (c,) else jnp.mean(moment.reshape(-1, c), axis=0)
 
 
 def _variance(mean: jax.Array, mean2: jax.Array) -> jax.Array:
