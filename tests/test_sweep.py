@@ -57,11 +57,12 @@ def test_throughput_sweep_writes_csv_markdown_and_plots(timed):
   assert all(r["status"] == "done" and r["baseline"] == "none" for r in table)
   by = {r["variant"]: r for r in table}
   # The compiled programs' figures: weight-update sharding reduce-scatters the gradients and
-  # keeps an eighth of the optimizer state on each of the 8 devices; distributed_eval changes
-  # only the eval step.
+  # keeps about an eighth of the optimizer state on each of the 8 devices (the batch-norm
+  # vectors, whose blocks would not fill a tile, stay whole: 6.8x on this tiny ResNet);
+  # distributed_eval changes only the eval step.
   for key in ("weight_update_sharding", "all"):
     assert int(by[key]["reduce_scatter_count"]) >= 1
-    assert int(by[key]["opt_state_bytes"]) * 7 < int(by["none"]["opt_state_bytes"])
+    assert int(by[key]["opt_state_bytes"]) * 6 < int(by["none"]["opt_state_bytes"])
   for key in ("none", "distributed_eval"):
     assert int(by[key]["reduce_scatter_count"]) == 0 and int(by[key]["all_reduce_bytes"]) > 0
   assert by["distributed_eval"]["all_reduce_bytes"] == by["none"]["all_reduce_bytes"]
