@@ -81,8 +81,9 @@ class BatchNorm(nn.Module):
         y = _normalize(g, mean, var, scale, bias, self.epsilon).reshape(x.shape)
       if not self.is_initializing():
         # The groups' mean of the moments; the distributed branch's are one group's, (c,)
-        # already: no reshape to (1, c), which on TPU is a relayout kernel per moment (libtpu
-        # lays an f32[256] out as `{0:T(256)}` and an f32[1, 256] as `{1,0:T(2,128)}`).
+        # already, and are not reshaped to (1, c) and back: TPU lays the two shapes out in
+        # different tiles (`f32[256]{0:T(256)}`, `f32[1,256]{1,0:T(2,128)}`), so such a
+        # reshape can be a kernel of its own.
         m = self.momentum
         mean_v.value = m * mean_v.value + (1 - m) * _groups_mean(mean, c)
         var_v.value = m * var_v.value + (1 - m) * _groups_mean(var, c)
