@@ -17,8 +17,10 @@ HLO module (`mesh.hlo.parse`) in the order the schedule runs them, with, for eac
              sizes of their *tiled* layouts (TPU HLO prints them: `f32[3,64]{1,0:T(8,128)}`
              holds 8 x 128 elements; `T(8,128)(2,1)` packs bf16 pairs in the same 8 x 128 tile);
              an operand the fusion only slices is counted at the size of its slices, and a
-             result written in place by a dynamic-update-slice at the size of the update
-             (what XLA's own HloCostAnalysis does for these ops); buffers in another memory
+             result written in place by a dynamic-update-slice at the size of the update, by
+             a scatter at its updates' (read, added and written; the TPU compiler aliases the
+             scattered buffer with the result, and copies it first, a kernel of its own, where
+             it must), as XLA's own HloCostAnalysis counts these ops; buffers in another memory
              space than HBM (`S(1)`: the core's vector memory) are not counted
   cycles     the TPU compiler's own estimate of the kernel (`estimated_cycles` in its
              backend config), where it prints one
@@ -191,29 +193,41 @@ def _is_view(ins: dict[str, str], comps) -> bool:
   return bool(body) and all(i["op"] in ("parameter", "bitcast") for i in body)
 
 
-def _read_bytes(name: str, full: float, users, comps, depth: int = 0) -> float:
+def _scatter_updates(ins: dict[str, str], pos: int) -> str | None:
+  """The updates a scatter applies to its operand `pos`, if `pos` is an operand it updates:
+  scatter(operands..., indices, updates...)."""
+  operands = hlo.operands(ins)
+  n = (len(operands) - 1) // 2
+  return operands[n + 1 + pos] if ins["op"] == "scatter" and pos < n else None
+
+
+def _read_bytes(name: str, full: float, users, comps, shapes, depth: int = 0) -> float:
   """Bytes a fused computation reads of its value `name` (`full` bytes): the slices taken of
   it when every use slices it (through views), the whole of it otherwise; 0 for an in-place
-  dynamic-update-slice's buffer (only the update is written, counted with the result)."""
+  dynamic-update-slice's buffer (only the update is written, counted with the result); for a
+  scatter's operand, the rows its updates touch (read and written in place: the updates' size,
+  as XLA's HloCostAnalysis::HandleScatter counts a scatter, 3x its updates)."""
   uses = users.get(name, [])
   if not uses or depth > 4:
     return full
   total = 0.0
   for user, pos in uses:
     if _is_view(user, comps):
-      total += _read_bytes(user["name"], full, users, comps, depth + 1)
+      total += _read_bytes(user["name"], full, users, comps, shapes, depth + 1)
     elif user["op"] in SLICING and pos == 0:
       total += shape_bytes(user["shape"])
     elif user["op"] == "dynamic-update-slice" and pos == 0:
       continue
+    elif _scatter_updates(user, pos):
+      total += shape_bytes(shapes.get(_scatter_updates(user, pos), ""))
     else:
       return full
   return min(total, full)
 
 
 def _written_bytes(comp: str, comps, result_shape: str) -> float:
-  """Bytes a fusion writes: its result, less what dynamic-update-slices at its root update in
-  place (only the update is written)."""
+  """Bytes a fusion writes: its result, less what dynamic-update-slices and scatters at its
+  root update in place (only the update is written)."""
   body = comps.get(comp, [])
   if not body:
     return shape_bytes(result_shape)
@@ -229,6 +243,9 @@ def _written_bytes(comp: str, comps, result_shape: str) -> float:
       ops = hlo.operands(out)
       update = by_name.get(ops[1]) if len(ops) > 1 else None
       total += shape_bytes(update["shape"]) if update else shape_bytes(out["shape"])
+    elif _scatter_updates(out, 0):
+      update = by_name.get(_scatter_updates(out, 0))
+      total += shape_bytes(update["shape"]) if update else shape_bytes(out["shape"])
     else:
       total += shape_bytes(out["shape"])
   return total
@@ -240,10 +257,11 @@ def _fusion_bytes(ins, comps, shapes) -> float:
   body = comps.get(comp, [])
   params = {_param_index(i): i["name"] for i in body if i["op"] == "parameter"}
   users = _users(body)
+  defs = {i["name"]: i["shape"] for i in body}
   read = 0.0
   for pos, operand in enumerate(dict.fromkeys(hlo.operands(ins))):
     full = shape_bytes(shapes.get(operand, ""))
-    read += _read_bytes(params[pos], full, users, comps) if pos in params else full
+    read += _read_bytes(params[pos], full, users, comps, defs) if pos in params else full
   return read + _written_bytes(comp, comps, ins["shape"])
 
 
@@ -253,6 +271,10 @@ def _op_bytes(ins, shapes) -> float:
     return 2 * shape_bytes(ins["shape"])
   if ins["op"] == "dynamic-update-slice" and len(operands) > 1:
     return 2 * shape_bytes(shapes.get(operands[1], ""))
+  if _scatter_updates(ins, 0):                     # in place: 3x the updates, and the indices
+    n = (len(operands) - 1) // 2
+    return (3 * sum(shape_bytes(shapes.get(u, "")) for u in operands[n + 1:])
+            + shape_bytes(shapes.get(operands[n], "")))
   return shape_bytes(ins["shape"]) + sum(shape_bytes(shapes.get(o, "")) for o in
                                          dict.fromkeys(operands))
 

@@ -167,6 +167,35 @@ def test_slices_and_in_place_updates_cost_their_rows_not_the_buffer(compile_one)
   assert all(k.bytes < 64 * 1024 * 4 for k in in_loop)
 
 
+def test_a_scatter_add_costs_its_updates_not_the_table(compile_one):
+  """An embedding's gradient: 512 rows added into a (33792, 1024) float32 table. The TPU
+  compiler updates the table in place (its backend config says the fusion's result aliases
+  the table); the kernel moves the rows (read, added, written: 3x the updates, as XLA's
+  HloCostAnalysis counts a scatter) and the indices, not the 138 MB table. Where the table
+  is the caller's, the compiler copies it first, and that copy is a kernel of its own."""
+  import jax.numpy as jnp
+  rows = 3 * 512 * 1024 * 4 + 512 * 4
+  table = 33792 * 1024 * 4
+
+  def dense(x, w, ids, upd):                 # the table is the step's own: a matmul's result
+    return (x.T @ w).at[ids].add(upd)
+  text = compile_one(dense, ((256, 33792), jnp.bfloat16), ((256, 1024), jnp.bfloat16),
+                     ((512,), jnp.int32), ((512, 1024), jnp.float32))
+  ks = [k for k, _ in _kernels(text)]
+  scatter, = [k for k in ks if "scatter" in k.name]
+  assert '"aliasing_operands":{"lists":[{"indices":["0"' in text
+  assert rows <= scatter.bytes <= rows + 4096, scatter
+  assert not any(k.op == "copy" for k in ks)
+
+  text = compile_one(lambda t, ids, upd: t.at[ids].add(upd), ((33792, 1024), jnp.float32),
+                     ((512,), jnp.int32), ((512, 1024), jnp.float32))
+  ks = [k for k, _ in _kernels(text)]
+  scatter, = [k for k in ks if "scatter" in k.name]
+  assert rows <= scatter.bytes <= rows + 4096, scatter
+  copy, = [k for k in ks if k.op == "copy"]
+  assert copy.bytes == 2 * table
+
+
 def test_the_schedule_overlaps_only_asynchronous_collectives():
   """Kernels of 1 ms each around a 3 ms collective: synchronous, it adds to the step; started
   before two kernels and waited for after them, it hides behind them up to its own length."""
