@@ -83,21 +83,32 @@ class Transformer(nn.Module):
     self.decoder_norm = LayerNorm(self.dtype)
     self.drop = nn.Dropout(self.dropout)
 
-  def _embed(self, ids, position, train):
-    x = jnp.take(self.embedding, ids, axis=0) * (self.d_model ** 0.5)
+  def _table(self):
+    """The shared embedding as the lookups and the logits read it: one cast to the compute
+    dtype per forward pass. flax's `nn.Embed(dtype=...)` reads the same values (`__call__`
+    and `attend` promote the table to `dtype` before `jnp.take` and `jnp.dot`). Cast once, the
+    float32 table has a single use (`mesh.casts`), so weight-update sharding gathers the
+    bfloat16 copy, half the bytes; the price, under --dtype=bfloat16 only, is that the table's
+    gradient (both lookups, repeated tokens included, and the logits) is summed in bfloat16
+    before it is widened to float32. Under float32 and float64 the cast is no operation."""
+    return self.embedding.astype(self.dtype)
+
+  def _embed(self, table, ids, position, train):
+    x = jnp.take(table, ids, axis=0).astype(param_dtype(self.dtype)) * (self.d_model ** 0.5)
     x = x + sinusoid(position, self.d_model).astype(x.dtype)
     return constrain(self.drop(x.astype(self.dtype), deterministic=not train), EMB)
 
-  def _logits(self, x):
-    logits = jnp.einsum("bld,vd->blv", x, self.embedding.astype(self.dtype))
+  def _logits(self, table, x):
+    logits = jnp.einsum("bld,vd->blv", x, table)
     logits = constrain(logits.astype(param_dtype(self.dtype)), ("batch", "length", "vocab"))
     return jnp.where(jnp.arange(self.vocab) < self.real_vocab, logits, NEG)
 
-  def encode(self, inputs, segment=None, position=None, train: bool = False):
+  def encode(self, inputs, segment=None, position=None, train: bool = False, table=None):
     segment = (inputs > 0).astype(jnp.int32) if segment is None else segment
     position = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape) \
         if position is None else position
-    x = self._embed(inputs, position, train)
+    table = self._table() if table is None else table
+    x = self._embed(table, inputs, position, train)
     bias = attention_bias(segment, segment)
     for layer in self.encoder:
       x = layer(x, bias, train)
@@ -110,13 +121,14 @@ class Transformer(nn.Module):
     tgt_seg = (targets > 0).astype(jnp.int32) if targets_segment is None else targets_segment
     tgt_pos = jnp.broadcast_to(jnp.arange(targets.shape[1]), targets.shape) \
         if targets_position is None else targets_position
-    encoded = self.encode(inputs, src_seg, inputs_position, train)
-    x = self._embed(shift_right(targets, tgt_pos), tgt_pos, train)
+    table = self._table()
+    encoded = self.encode(inputs, src_seg, inputs_position, train, table)
+    x = self._embed(table, shift_right(targets, tgt_pos), tgt_pos, train)
     self_bias = attention_bias(tgt_seg, tgt_seg, causal=True)
     cross_bias = attention_bias(tgt_seg, src_seg)
     for layer in self.decoder:
       x = layer(x, encoded, self_bias, cross_bias, train)
-    return self._logits(self.decoder_norm(x))
+    return self._logits(table, self.decoder_norm(x))
 
   def forward_flops(self, source_length: int, target_length: int) -> float:
     """FLOPs of one row's teacher-forced forward pass (`benchmarks.common.transformer`'s
@@ -132,9 +144,10 @@ class Transformer(nn.Module):
     """Logits (batch, vocab) for the next token after `token` (batch, 1) at position `step`,
     reading and updating the 'cache' collection (`length`: the most decode steps)."""
     position = jnp.full(token.shape, step)
-    x = self._embed(token, position, False)
+    table = self._table()
+    x = self._embed(table, token, position, False)
     self_bias = jnp.where(jnp.arange(length) <= step, 0.0, NEG)[None, None, None, :]
     cross_bias = jnp.where(src_segment > 0, 0.0, NEG)[:, None, None, :].astype(jnp.float32)
     for layer in self.decoder:
       x = layer(x, encoded, self_bias, cross_bias, False, decode=True, step=step)
-    return self._logits(self.decoder_norm(x))[:, 0]
+    return self._logits(table, self.decoder_norm(x))[:, 0]
