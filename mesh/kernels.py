@@ -193,12 +193,16 @@ def _is_view(ins: dict[str, str], comps) -> bool:
   return bool(body) and all(i["op"] in ("parameter", "bitcast") for i in body)
 
 
-def _scatter_updates(ins: dict[str, str], pos: int) -> str | None:
-  """The updates a scatter applies to its operand `pos`, if `pos` is an operand it updates:
-  scatter(operands..., indices, updates...)."""
+def _in_place_updates(ins: dict[str, str]) -> list[str]:
+  """The operands an op writes in place into its buffers, one per buffer: a
+  dynamic-update-slice's update, a scatter's updates (scatter(operands..., indices,
+  updates...)); none for any other op."""
   operands = hlo.operands(ins)
-  n = (len(operands) - 1) // 2
-  return operands[n + 1 + pos] if ins["op"] == "scatter" and pos < n else None
+  if ins["op"] == "dynamic-update-slice":
+    return operands[1:2]
+  if ins["op"] == "scatter":
+    return operands[(len(operands) - 1) // 2 + 1:]
+  return []
 
 
 def _read_bytes(name: str, full: float, users, comps, shapes, depth: int = 0) -> float:
@@ -218,8 +222,8 @@ def _read_bytes(name: str, full: float, users, comps, shapes, depth: int = 0) ->
       total += shape_bytes(user["shape"])
     elif user["op"] == "dynamic-update-slice" and pos == 0:
       continue
-    elif _scatter_updates(user, pos):
-      total += shape_bytes(shapes.get(_scatter_updates(user, pos), ""))
+    elif user["op"] == "scatter" and pos < len(updates := _in_place_updates(user)):
+      total += shape_bytes(shapes.get(updates[pos], ""))
     else:
       return full
   return min(total, full)
@@ -239,13 +243,9 @@ def _written_bytes(comp: str, comps, result_shape: str) -> float:
   for out in outputs:
     if out is None:
       continue
-    if out["op"] == "dynamic-update-slice":
-      ops = hlo.operands(out)
-      update = by_name.get(ops[1]) if len(ops) > 1 else None
-      total += shape_bytes(update["shape"]) if update else shape_bytes(out["shape"])
-    elif _scatter_updates(out, 0):
-      update = by_name.get(_scatter_updates(out, 0))
-      total += shape_bytes(update["shape"]) if update else shape_bytes(out["shape"])
+    updates = [by_name.get(u) for u in _in_place_updates(out)]
+    if updates and all(updates):
+      total += sum(shape_bytes(u["shape"]) for u in updates)
     else:
       total += shape_bytes(out["shape"])
   return total
@@ -269,12 +269,11 @@ def _op_bytes(ins, shapes) -> float:
   operands = hlo.operands(ins)
   if ins["op"] in SLICING:
     return 2 * shape_bytes(ins["shape"])
+  updates = sum(shape_bytes(shapes.get(u, "")) for u in _in_place_updates(ins))
   if ins["op"] == "dynamic-update-slice" and len(operands) > 1:
-    return 2 * shape_bytes(shapes.get(operands[1], ""))
-  if _scatter_updates(ins, 0):                     # in place: 3x the updates, and the indices
-    n = (len(operands) - 1) // 2
-    return (3 * sum(shape_bytes(shapes.get(u, "")) for u in operands[n + 1:])
-            + shape_bytes(shapes.get(operands[n], "")))
+    return 2 * updates
+  if ins["op"] == "scatter" and len(operands) > 2:   # in place: 3x the updates, and the indices
+    return 3 * updates + shape_bytes(shapes.get(operands[(len(operands) - 1) // 2], ""))
   return shape_bytes(ins["shape"]) + sum(shape_bytes(shapes.get(o, "")) for o in
                                          dict.fromkeys(operands))
 
