@@ -180,11 +180,26 @@ class Checkpoints:
         f"{kept}; free space (or fix the folder) and rerun with --resume") from None
 
   def _remove_partial(self, step: int) -> None:
-    if jax.process_index() != 0 or not os.path.isdir(self.directory):
+    """Removes step `step`'s folder and orbax's temporary one. A failed save can leave writes
+    in flight (orbax's commit thread, tensorstore's writers of the other arrays) that create
+    files after the error: wait for the manager first (its error is the one already being
+    reported), then remove until nothing of the step is left."""
+    try:
+      self.mngr.wait_until_finished()
+    except Exception:                    # the same failure, reported by the caller
+      pass
+    if jax.process_index() != 0:
       return
-    for name in os.listdir(self.directory):
-      if name == str(step) or (name.startswith(f"{step}.") and "tmp" in name):
+    for _ in range(50):
+      if not os.path.isdir(self.directory):
+        return
+      left = [n for n in os.listdir(self.directory)
+              if n == str(step) or (n.startswith(f"{step}.") and "tmp" in n)]
+      if not left:
+        return
+      for name in left:
         shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+      time.sleep(0.1)
 
   def where(self, step: int) -> dict[str, Any]:
     return dict(self.mngr.metadata(step).custom_metadata or {})
