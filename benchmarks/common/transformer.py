@@ -57,13 +57,20 @@ class LayerNorm(nn.Module):
     return ((xf - mean) * jax.lax.rsqrt(var + self.epsilon) * scale + bias).astype(self.dtype)
 
 
-def check_backend(attention: str) -> None:
+def check_backend(attention: str, verify: bool = True) -> None:
   """cuDNN's fused attention runs on NVIDIA GPUs only: refused in one line elsewhere (jax
   itself would fail tracing, "cuDNN is not detected"). A compile-only run for a TPU slice runs
-  on this host's default backend and is refused too."""
-  if attention == "cudnn" and jax.default_backend() != "gpu":
+  on this host's default backend and is refused too. On a GPU (with `verify`), cuDNN's output
+  and gradients are first checked against XLA's (`benchmarks.common.cudnn_check`): refused in
+  one line where they differ."""
+  if attention != "cudnn":
+    return
+  if jax.default_backend() != "gpu":
     raise UserError(f"--attention=cudnn runs cuDNN's fused kernel on NVIDIA GPUs; this run's "
                     f"backend is {jax.default_backend()}: pass --attention=xla")
+  if verify:
+    from benchmarks.common import cudnn_check
+    cudnn_check.verify()
 
 
 def _to_cache(t):
