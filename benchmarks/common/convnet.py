@@ -63,9 +63,10 @@ class BatchNorm(nn.Module):
                           f"replica sees per forward pass; choose a multiple or a divisor of {b}")
         red = tuple(range(x.ndim - 1))
         xf = x.astype(f)
-        # E[x] and E[x^2] in one grouped all-reduce (stacked), as flax's BatchNorm does.
-        mean, mean2 = group_mean(jnp.stack([jnp.mean(xf, red), jnp.mean(jnp.square(xf), red)]),
-                                 manual, k)
+        # E[x] and E[x^2] in one grouped all-reduce of two operands. Not stacked into one
+        # (2, c) array first, as flax's BatchNorm does: on TPU each moment's (c,) -> (1, c)
+        # reshape for the stack is a kernel of its own (different tiles, below).
+        mean, mean2 = group_mean((jnp.mean(xf, red), jnp.mean(jnp.square(xf), red)), manual, k)
         var = _variance(mean, mean2)
         y = _normalize(xf, mean, var, scale, bias, self.epsilon)
       else:
@@ -120,10 +121,11 @@ def span_groups(replicas: int, replicas_per_group: int) -> list[list[int]] | Non
           for i in range(0, replicas, replicas_per_group)]
 
 
-def group_mean(x: jax.Array, axes: tuple[str, ...], replicas_per_group: int) -> jax.Array:
-  """Inside shard_map over `axes`: the mean of `x` over this replica's group of
-  `replicas_per_group` consecutive replicas, reduced within the group only (an all-reduce with
-  the group's replica groups, `lax.psum(axis_index_groups=...)`), as MLPerf-0.6's distributed
+def group_mean(x, axes: tuple[str, ...], replicas_per_group: int):
+  """Inside shard_map over `axes`: the mean of `x` (an array, or a tuple of arrays summed by one
+  all-reduce) over this replica's group of `replicas_per_group` consecutive replicas, reduced
+  within the group only (an all-reduce with the group's replica groups,
+  `lax.psum(axis_index_groups=...)`), as MLPerf-0.6's distributed
   batch norm sums moments over a group of replicas (Kumar et al., arXiv 1909.09756, section
   "distributed batch normalization"). Its transpose is the same grouped all-reduce.
 
@@ -132,7 +134,8 @@ def group_mean(x: jax.Array, axes: tuple[str, ...], replicas_per_group: int) -> 
   if replicas_per_group == 1:
     return x
   groups = span_groups(jax.lax.axis_size(axes), replicas_per_group)
-  return jax.lax.psum(x, axes, axis_index_groups=groups) / replicas_per_group
+  return jax.tree.map(lambda t: t / replicas_per_group,
+                      jax.lax.psum(x, axes, axis_index_groups=groups))
 
 
 def conv(x, features: int, kernel: int, strides: int = 1, name: str | None = None, dtype=None):
