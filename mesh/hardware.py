@@ -66,6 +66,9 @@ class Generation:
   clock_hz: float | None = None    # TensorCore clock (None: not published); prices the TPU
                                    # compiler's own per-kernel estimate, in cycles
   mxu_width: int = 128             # side of the systolic matrix unit (v2-v5: 128 x 128)
+  # Elementwise 32-bit operations a TensorCore's vector unit completes per cycle (None: not
+  # published, and the model leaves the vector unit's time out).
+  vector_ops_per_cycle: int | None = None
   calibration: Calibration = Calibration()
 
 
@@ -73,6 +76,14 @@ class Generation:
 # assumed for all (the order the scaling book quotes for one ICI hop plus launch); it only
 # matters for small messages.
 _LATENCY = 1e-6
+
+# The TPUv2/v3 TensorCore's vector unit (Norrie, Patil et al., "Google's Training Chips
+# Revealed: TPUv2 and TPUv3", Hot Chips 32, 2020; IEEE Micro 41(2), 2021): 128 lanes x 8
+# sublanes, each sublane with two 32-bit ALUs, 2,048 vector ALUs a core: 2 x 8 x 128
+# elementwise operations a cycle. Later generations' vector units are not described at this
+# level. The TPU compiler's own estimates of threefry's kernels agree within 15%
+# (tests/test_kernels.py).
+_VECTOR_V2_V3 = 2 * 8 * 128
 
 GENERATIONS: dict[str, Generation] = {
     "v2": Generation(
@@ -86,7 +97,8 @@ GENERATIONS: dict[str, Generation] = {
         ici_links_per_chip=4, torus_dims=2, ici_latency_s=_LATENCY,
         pod_chips=(16, 16),                     # 256-chip pod, 2-D torus (Cloud v2 docs)
         sources=(S_V2, S_JOUPPI20, S_ASSUMED),
-        clock_hz=700e6),                        # 700 MHz (Jouppi et al. 2020, Table 3)
+        clock_hz=700e6,                         # 700 MHz (Jouppi et al. 2020, Table 3)
+        vector_ops_per_cycle=_VECTOR_V2_V3),
     "v3": Generation(
         name="v3", device_kind="TPU v3", cores_per_chip=2, megacore_default=False,
         hbm_bytes_per_chip=32 * GiB,            # 32 GiB per chip = 16 GiB per core (Cloud v3)
@@ -100,6 +112,7 @@ GENERATIONS: dict[str, Generation] = {
         pod_chips=(32, 32),                     # 1024 chips, 2-D torus (Cloud v3 docs)
         sources=(S_V3, S_JOUPPI20, S_KUMAR19, S_SCALING, S_ASSUMED),
         clock_hz=940e6,                         # 940 MHz (Jouppi et al. 2020, Table 3)
+        vector_ops_per_cycle=_VECTOR_V2_V3,
         # Fitted on the measured train steps of Google's MLPerf v0.6 ResNet-50 at 16 and 1024
         # chips (benchmarks/pod/points/google-v0.6-tpu-v3.json), the two ends of its scaling:
         # `./run.sh scale all --fit --fit_on=resnet-16,resnet-1024` (2026-12-02). docs/pod.md
@@ -174,17 +187,21 @@ def generation(name_or_kind: str) -> Generation:
 
 
 def per_device(gen: Generation, megacore: bool) -> dict[str, float]:
-  """HBM bytes, peak bf16 FLOP/s and HBM bytes/s of ONE jax device.
+  """HBM bytes, peak bf16 FLOP/s, HBM bytes/s and vector-unit operations/s (None where the
+  generation's vector unit is not published) of ONE jax device.
 
   A device is one TensorCore (a chip's figures divided by `cores_per_chip`), or, when
   `megacore` (v5p by default, v4 with `chip_config_name="megacore"`), the whole chip. HBM is
   split evenly between a chip's cores (v2/v3 docs give 8/16 GiB per core).
   """
   n = 1 if megacore else gen.cores_per_chip
+  vector = (gen.vector_ops_per_cycle * gen.clock_hz * gen.cores_per_chip / n
+            if gen.vector_ops_per_cycle and gen.clock_hz else None)
   return {
       "hbm_bytes": gen.hbm_bytes_per_chip // n,
       "peak_flops": gen.peak_flops_per_chip / n,
       "hbm_bytes_per_s": gen.hbm_bytes_per_s_per_chip / n,
+      "vector_ops_per_s": vector,
   }
 
 

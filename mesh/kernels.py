@@ -22,6 +22,17 @@ HLO module (`mesh.hlo.parse`) in the order the schedule runs them, with, for eac
              scattered buffer with the result, and copies it first, a kernel of its own, where
              it must), as XLA's own HloCostAnalysis counts these ops; buffers in another memory
              space than HBM (`S(1)`: the core's vector memory) are not counted
+  vector_ops the vector unit's work: for each elementwise operation in the kernel (arithmetic,
+             bitwise, comparisons, selects, conversions, transcendentals) and each reduction's
+             input, its elements padded to whole (8, 128) vector registers of 32-bit lanes
+             (the TPU's vector unit: 8 sublanes x 128 lanes; Norrie, Patil et al., Hot Chips
+             32, 2020; v2/v3 have no bfloat16 vector arithmetic, so a bfloat16 element takes a
+             lane as a float32 does). Data movement (broadcasts, reshapes, transposes, copies,
+             slices, concatenations, pads) and the dots and convolutions (the matrix unit's)
+             are not counted. A random-number generator's rounds are this kind of work: jax's
+             threefry (Salmon et al., SC 2011) takes about 130 such operations per 32-bit draw;
+             an `rng-bit-generator` (XLA's RngBitGenerator, whose algorithm on a TPU is not
+             published) is counted as one operation a draw, an assumption
   cycles     the TPU compiler's own estimate of the kernel (`estimated_cycles` in its
              backend config), where it prints one
 
@@ -108,6 +119,7 @@ class Kernel:
   mxu_flops: float
   bytes: float
   cycles: int | None
+  vector_ops: float = 0.0  # elements the vector unit operates on (see the module docstring)
 
 
 def _padded(n: int, width: int) -> int:
@@ -162,6 +174,53 @@ def _fused_flops(comp: str, comps, shapes, mxu: int, seen=None) -> tuple[float, 
         total[0] += f
         total[1] += m
   return total[0], total[1]
+
+
+# Instructions the vector unit does not compute: views and bookkeeping (FREE), data movement
+# (the TPU moves it with loads, stores and its cross-lane unit) and the matrix unit's.
+_NOT_VECTOR = {"broadcast", "reshape", "transpose", "copy", "slice", "dynamic-slice",
+               "dynamic-update-slice", "concatenate", "pad", "gather", "scatter", "reverse",
+               "iota", "dot", "convolution", "fusion", "custom-call", "rng-get-and-update-state"}
+
+
+def _vector_elements(shape: str) -> int:
+  """Elements of `shape`'s arrays padded to whole (8, 128) vector registers: the two minor
+  dimensions of the layout (logical order without one) rounded up to 8 and 128."""
+  n = 0
+  for _, dims, layout in arrays(shape):
+    if not dims:
+      n += 8 * 128
+      continue
+    order = [int(i) for i in layout.split(":")[0].split(",") if i] if layout else []
+    if sorted(order) != list(range(len(dims))):
+      order = list(range(len(dims)))[::-1]
+    minor, second = dims[order[0]], (dims[order[1]] if len(order) > 1 else 1)
+    rest = math.prod(dims[i] for i in order[2:])
+    n += rest * _padded(second, 8) * _padded(minor, 128)
+  return n
+
+
+def _vector_ops(comp: str, comps, shapes, seen=None) -> float:
+  """`Kernel.vector_ops` of a fused computation, nested fusions included."""
+  seen = seen if seen is not None else set()
+  if comp in seen or comp not in comps:
+    return 0.0
+  seen.add(comp)
+  total = 0.0
+  for ins in comps[comp]:
+    called = _CALLS.search(ins["rest"]) if ins["op"] == "fusion" else None
+    total += (_vector_ops(called.group("c"), comps, shapes, seen) if called
+              else _op_vector_ops(ins, shapes))
+  return total
+
+
+def _op_vector_ops(ins: dict[str, str], shapes) -> float:
+  """`Kernel.vector_ops` of one unfused instruction."""
+  op = ins["op"]
+  if op in ("reduce", "reduce-window"):
+    operands = hlo.operands(ins)
+    return _vector_elements(shapes.get(operands[0], "")) if operands else 0.0
+  return 0.0 if op in FREE or op in _NOT_VECTOR else _vector_elements(ins["shape"])
 
 
 def _param_index(ins: dict[str, str]) -> int | None:
@@ -306,17 +365,20 @@ def kernel(ins: dict[str, str], comps, shapes, mxu: int = 128) -> Kernel:
     flops, mxu_flops = (_fused_flops(called.group("c"), comps, shapes, mxu) if called
                         else (0.0, 0.0))
     nbytes = _fusion_bytes(ins, comps, shapes)
+    vector = _vector_ops(called.group("c"), comps, shapes) if called else 0.0
     kind = _KIND.search(ins["rest"])
     op = f"fusion:{kind.group('k')}" if kind else op
   elif op in ("dot", "convolution"):
     flops, mxu_flops = _dot_flops(ins, shapes, mxu)
     nbytes = _op_bytes(ins, shapes)
+    vector = 0.0
   else:
     flops = mxu_flops = 0.0
     nbytes = _op_bytes(ins, shapes)
+    vector = _op_vector_ops(ins, shapes)
   cycles = _CYCLES.search(ins["rest"])
   return Kernel(ins["name"], op, flops, mxu_flops, nbytes,
-                int(cycles.group("n")) if cycles else None)
+                int(cycles.group("n")) if cycles else None, vector)
 
 
 def shapes_of(parsed: hlo.Parsed) -> dict[str, str]:

@@ -284,7 +284,7 @@ def evaluate(p: Prepared, overlap: str = "schedule",
   priced = [{k: v for k, v in c.items() if k != "per_alpha"}
             | {"seconds": c["seconds"] + alpha * c["per_alpha"]} for c in p.collectives]
   rates = Rates(dev["peak_flops"], dev["hbm_bytes_per_s"] * cal.hbm_efficiency,
-                cal.kernel_overhead_s)
+                cal.kernel_overhead_s, dev.get("vector_ops_per_s"))
   seconds = {c["name"]: c["seconds"] / max(c["repeat"], 1) for c in priced}
   run = simulate(p.program, rates, seconds)
   collective_s = sum(c["seconds"] for c in priced)
@@ -295,11 +295,14 @@ def evaluate(p: Prepared, overlap: str = "schedule",
   return {
       "compute_s": run["mxu_s"],
       "memory_s": run["hbm_s"],
+      "vector_s": run["vector_s"],
+      "vector_bound_s": run["vector_bound_s"],
       "overhead_s": run["overhead_s"],
       "kernel_s": kernel_s,
       "kernels": run["kernels"],
       "bound_s": kernel_s,
-      "bound": "compute" if run["mxu_bound_s"] >= kernel_s - run["mxu_bound_s"] else "memory",
+      "bound": max((run["mxu_bound_s"], "compute"), (run["vector_bound_s"], "vector"),
+                   (kernel_s - run["mxu_bound_s"] - run["vector_bound_s"], "memory"))[1],
       "collectives": priced,
       "collective_s": collective_s,
       "exposed_collective_s": run["step_s"] - kernel_s,
@@ -342,6 +345,7 @@ class Rates:
   flops: float
   hbm_bytes: float
   kernel_overhead_s: float
+  vector_ops: float | None = None     # elementwise operations per second (None: not counted)
 
 
 def price_collectives(cost, gen, device_coords, chips, wraparound) -> list[dict[str, Any]]:
@@ -381,12 +385,15 @@ def _name(op: dict[str, Any], i: int) -> str:
   return op.get("name") or f"op{i}"
 
 
-def _kernel_time(k: dict[str, Any], rates: Rates) -> tuple[float, float, float]:
-  """(seconds, matrix-unit seconds, HBM seconds) of one kernel (`mesh.kernels.Kernel`'s
-  fields)."""
+def _kernel_time(k: dict[str, Any], rates: Rates) -> tuple[float, float, float, float]:
+  """(seconds, matrix-unit seconds, HBM seconds, vector-unit seconds) of one kernel
+  (`mesh.kernels.Kernel`'s fields). The three units work in parallel (the TensorCore issues
+  to its matrix, vector and load/store slots in one VLIW bundle; Norrie, Patil et al., Hot
+  Chips 32, 2020), so the busiest sets the time."""
   mxu = k["mxu_flops"] / rates.flops
   hbm = k["bytes"] / rates.hbm_bytes
-  return max(mxu, hbm) + rates.kernel_overhead_s, mxu, hbm
+  vpu = k.get("vector_ops", 0.0) / rates.vector_ops if rates.vector_ops else 0.0
+  return max(mxu, hbm, vpu) + rates.kernel_overhead_s, mxu, hbm, vpu
 
 
 def simulate(program: dict[str, Any], rates: Rates, seconds: dict[str, float],
@@ -396,8 +403,8 @@ def simulate(program: dict[str, Any], rates: Rates, seconds: dict[str, float],
   asynchronous one starts when the device reaches its -start (and the links are free) and
   the device waits at its -done for what is left. `seconds`: each collective's time by name."""
   comps = program["computations"]
-  totals = {"mxu_s": 0.0, "hbm_s": 0.0, "overhead_s": 0.0, "kernel_s": 0.0, "mxu_bound_s": 0.0,
-            "cycles": 0.0, "kernels": 0.0}
+  totals = {"mxu_s": 0.0, "hbm_s": 0.0, "vector_s": 0.0, "overhead_s": 0.0, "kernel_s": 0.0,
+            "mxu_bound_s": 0.0, "vector_bound_s": 0.0, "cycles": 0.0, "kernels": 0.0}
   per_kernel: dict[str, list] = {}
 
   def run(name: str, times: float) -> float:
@@ -409,13 +416,15 @@ def simulate(program: dict[str, Any], rates: Rates, seconds: dict[str, float],
       kind = step["kind"]
       if kind == "kernel":
         k = step["kernel"]
-        dt, mxu, hbm = _kernel_time(k, rates)
+        dt, mxu, hbm, vpu = _kernel_time(k, rates)
         t += dt
         totals["mxu_s"] += times * mxu
         totals["hbm_s"] += times * hbm
+        totals["vector_s"] += times * vpu
         totals["overhead_s"] += times * rates.kernel_overhead_s
         totals["kernel_s"] += times * dt
-        totals["mxu_bound_s"] += times * dt if mxu >= hbm else 0.0
+        totals["mxu_bound_s"] += times * dt if mxu >= max(hbm, vpu) else 0.0
+        totals["vector_bound_s"] += times * dt if vpu > max(mxu, hbm) else 0.0
         totals["cycles"] += times * (k["cycles"] or 0)
         totals["kernels"] += times
         row = per_kernel.setdefault(k["name"], [k, 0.0, 0.0])

@@ -129,6 +129,22 @@ def test_model_roofline_and_overlap():
     steptime.model(analysis, V3, False, _grid(4), (4, 1), overlap="some")
 
 
+def test_a_kernel_takes_its_busiest_unit():
+  """Matrix unit, HBM and vector unit work in parallel: a kernel takes the longest of the three
+  plus its fixed time; a generation with no published vector unit leaves that term out."""
+  dev = hardware.per_device(V3, megacore=False)
+  assert dev["vector_ops_per_s"] == 2 * 8 * 128 * 940e6        # two (8, 128) vector ALU slots
+  assert hardware.per_device(hardware.GENERATIONS["v5e"], False)["vector_ops_per_s"] is None
+  rates = steptime.Rates(dev["peak_flops"], dev["hbm_bytes_per_s"], 1e-6,
+                         dev["vector_ops_per_s"])
+  k = {"mxu_flops": dev["peak_flops"] * 1e-3, "bytes": dev["hbm_bytes_per_s"] * 2e-3,
+       "vector_ops": dev["vector_ops_per_s"] * 3e-3}
+  assert steptime._kernel_time(k, rates) == pytest.approx((3e-3 + 1e-6, 1e-3, 2e-3, 3e-3))
+  assert steptime._kernel_time({**k, "vector_ops": 0.0}, rates)[0] == pytest.approx(2e-3 + 1e-6)
+  unknown = steptime.Rates(dev["peak_flops"], dev["hbm_bytes_per_s"], 1e-6, None)
+  assert steptime._kernel_time(k, unknown)[0] == pytest.approx(2e-3 + 1e-6)
+
+
 def _tpu_devices(name: str):
   """The compile-only devices of a TPU slice (libtpu), or the test is skipped."""
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")

@@ -327,7 +327,8 @@ def report(summary: dict[str, Any]) -> str:
     if model:
       est = model.get("compiler_estimate_s")
       lines.append(f"  model: {model['kernels']:,.0f} kernels {_ms(model['kernel_s'])} (matrix "
-                   f"unit {_ms(model['compute_s'])}, HBM {_ms(model['memory_s'])}, overhead "
+                   f"unit {_ms(model['compute_s'])}, HBM {_ms(model['memory_s'])}, vector unit "
+                   f"{_ms(model.get('vector_s', 0.0))}, overhead "
                    f"{_ms(model['overhead_s'])}), collectives {_ms(model['collective_s'])} of "
                    f"which exposed {_ms(model['exposed_collective_s'])} -> step "
                    f"{_ms(model['step_s'])} ({model['overlap']})"

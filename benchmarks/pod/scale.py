@@ -156,7 +156,7 @@ def predict(point: Point, summary: dict, fitted: bool = False) -> dict[str, Any]
       "train_steps": point.train_steps, "evaluations": point.evaluations,
       "minutes_terms": {k: v / 60 for k, v in terms.items()},
       "step_terms": {k: train[k] for k in ("kernels", "kernel_s", "compute_s", "memory_s",
-                                           "overhead_s", "collective_s",
+                                           "vector_s", "overhead_s", "collective_s",
                                            "exposed_collective_s", "compiler_estimate_s")},
       "bounds_ms": {k: v * 1e3 for k, v in train["bounds"].items()},
       "calibration": train["calibration"], "fits": summary.get("fits"),
