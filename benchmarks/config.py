@@ -51,6 +51,14 @@ REMAT = ("none", "full", "dots")   # `benchmarks.common.layers.remat`
 # implementation on every backend; `cudnn`, cuDNN's fused kernel (jax.nn.dot_product_attention's
 # `implementation="cudnn"`: NVIDIA GPUs, bfloat16 or float16, no dropout on the weights).
 ATTENTION = ("xla", "cudnn")
+# Where dropout's random bits come from (`--dropout_rng`, the Transformer and the LM):
+# `threefry`, jax's default generator (Salmon et al., SC 2011), which draws the same bits under
+# every layout (jax_threefry_partitionable), so runs of different layouts are comparable bit
+# for bit; `rbg`, jax's "rbg" keys, whose bits come from XLA's RngBitGenerator (the backend's
+# own algorithm; splits and fold-ins stay threefry), which depend on the backend and on how the
+# masks are split. On a TPU, threefry's 20 rounds of 32-bit additions, rotations and xors run on
+# the vector unit for every draw (docs/pod.md measures what that costs the Transformer).
+DROPOUT_RNG = ("threefry", "rbg")
 # What the GPU presets set (`--xla_flags`): XLA's latency-hiding scheduler, which moves
 # collectives to overlap the compute around them (JAX's GPU performance tips,
 # https://docs.jax.dev/en/latest/gpu_performance_tips.html; NVIDIA's JAX containers set it too).
@@ -135,6 +143,11 @@ def check_attention(c) -> None:
     raise UserError(f"--attention=cudnn: cuDNN's fused kernel has no dropout on the attention "
                     f"weights (--attention_dropout={c.attention_dropout}): pass "
                     f"--attention_dropout=0 or --attention=xla")
+
+
+def check_dropout_rng(c) -> None:
+  if c.dropout_rng not in DROPOUT_RNG:
+    raise UserError(f"--dropout_rng={c.dropout_rng}: choose one of {', '.join(DROPOUT_RNG)}")
 
 
 # Bounds checked before anything is sized by them: a run's seed is drawn by numpy, grain and

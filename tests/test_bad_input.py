@@ -383,6 +383,7 @@ CASES = [
     ("main", ["resnet", "--layout=batch:data+data"], "names a mesh axis twice"),
     ("main", ["resnet", "--dtype=float16"], "--dtype=float16: choose float32 or bfloat16"),
     ("main", ["transformer", "--attention=flash"], "--attention=flash: choose one of xla, cudnn"),
+    ("main", ["lm", "--dropout_rng=philox"], "--dropout_rng=philox: choose one of threefry, rbg"),
     ("main", ["lm", "--attention=cudnn", "--attention_dropout=0"],
      "--attention=cudnn runs cuDNN's fused kernel, in bfloat16 only"),
     ("main", ["transformer", "--attention=cudnn", "--dtype=bfloat16", "--attention_dropout=0.1"],

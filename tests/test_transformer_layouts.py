@@ -173,3 +173,30 @@ def test_distributed_eval_gathers_the_sharded_weights_once_not_per_decoding_step
   assert len(entry) == 1 and gathers[entry[0]] > 0, gathers        # the weights, once
   assert sum(v for n, v in gathers.items() if n not in entry) == 0, gathers
   assert "while" in program.eval.as_text()                         # the beam search's loop
+
+
+def test_rbg_dropout_draws_its_bits_with_rng_bit_generator_not_threefry(tmp_path):
+  """`--dropout_rng=rbg` (the TPU pod preset's): under weight-update sharding each replica's
+  masks are drawn from "rbg" keys (XLA's RngBitGenerator), threefry's only under threefry; other
+  masks than threefry's, so another first loss, as close as two draws of the same rate are."""
+  cfg, _ = _bf16_task(tmp_path)
+  cfg = dataclasses.replace(cfg, dropout=0.1, attention_dropout=0.1)
+  runs = {}
+  for generator in ("threefry", "rbg"):
+    task = suite.build(dataclasses.replace(cfg, dropout_rng=generator), replicas=8)
+    batches = list(itertools.islice(task.data.train(0), 2))
+    shd, plan = helpers.planned("data:8", "batch:data", "weight_update_sharding")
+    losses, _, program, _ = helpers.sharded_run(task, shd, cfg.seed, batches, plan)
+    runs[generator] = losses, _traced_step(task, shd, plan, program, batches[0])
+  f_losses, r_losses = runs["threefry"][0], runs["rbg"][0]
+  assert np.isfinite(r_losses).all() and r_losses[0] != f_losses[0]
+  assert abs(r_losses[0] / f_losses[0] - 1) < 0.05, (r_losses, f_losses)
+  # Each mask's draw (`random_bits`) and the kind of key it draws from.
+  for generator, (_, text) in runs.items():
+    kinds = set()
+    draws = list(re.finditer(r"= random_bits\[[^\]]*\] (\w+)", text))
+    for d in draws:      # the key's type where it was last declared before the draw
+      declared = re.findall(rf"\b{d.group(1)}:key<(\w+)>", text[:d.start()])
+      kinds.add(declared[-1] if declared else None)
+    assert len(draws) >= 3, draws            # attention weights, feed-forward, residuals
+    assert kinds == {"fry" if generator == "threefry" else "rbg"}, kinds

@@ -29,6 +29,19 @@ def compute_dtype(name: str):
   return DTYPES[name]
 
 
+def dropout_key(rng, generator: str):
+  """The key a model's dropout layers draw from (flax's "dropout" stream), from the step's
+  threefry key `rng` (`--dropout_rng`, benchmarks.config.DROPOUT_RNG): `rng` itself, or for
+  "rbg" a jax "rbg" key made of `rng`'s two threefry halves, whose bits XLA's RngBitGenerator
+  draws."""
+  if generator == "threefry":
+    return rng
+  halves = jax.random.split(rng)
+  if jnp.issubdtype(halves.dtype, jax.dtypes.prng_key):
+    halves = jax.random.key_data(halves)
+  return jax.random.wrap_key_data(halves.reshape(4).astype(jnp.uint32), impl="rbg")
+
+
 # Rematerialization (`--remat`): each model marks its layers' outputs with `layer_output`; a
 # loss wrapped by `remat` keeps, for the backward pass, only those (full), or those and every
 # matmul's output (dots), and recomputes the rest, one layer at a time (`jax.checkpoint` with a

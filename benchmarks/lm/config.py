@@ -18,6 +18,7 @@ from benchmarks.config import (
   Common,
   check_adam_and_perplexity,
   check_attention,
+  check_dropout_rng,
   non_negative,
   positive,
   require,
@@ -54,6 +55,7 @@ class Config(Common):
   dropout: float = 0.1              # on embeddings, residual branches and feed-forward hidden
   attention_dropout: float = 0.1    # on the attention weights
   attention: str = "xla"           # xla, or cudnn (GPUs: cuDNN's fused kernel; benchmarks.config)
+  dropout_rng: str = "threefry"    # threefry, or rbg (XLA's RngBitGenerator; benchmarks.config)
   label_smoothing: float = 0.0      # training loss only; eval is the plain log perplexity
   # Optimizer: Adam(W), linear warmup then cosine decay (MLPerf llama31_8b).
   optimizer: str = "adamw"          # adamw (decoupled weight decay) or adam
@@ -156,6 +158,7 @@ ABLATIONS = (
 
 def validate(c: Config) -> None:
   check_attention(c)
+  check_dropout_rng(c)
   if c.dataset not in DATASETS:
     raise UserError(f"--dataset={c.dataset}: choose one of {', '.join(DATASETS)}")
   if c.dataset in ("lm1b", "text") and not c.data_dir:

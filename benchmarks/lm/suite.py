@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import optax
 
 from benchmarks.common import disclosures
-from benchmarks.common.layers import compute_dtype
+from benchmarks.common.layers import compute_dtype, dropout_key
 from benchmarks.common.transformer import check_backend, padded_vocab, xent
 from benchmarks.lm import data as data_lib
 from benchmarks.lm.config import PRESETS, Config
@@ -135,7 +135,8 @@ def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int
   def loss(params, model_state, batch, rng):
     """(sum of the token cross entropy over real tokens, LossAux(real tokens, ...))."""
     logits = model.apply({"params": params}, batch["tokens"], batch["segment"],
-                         batch["position"], train=True, rngs={"dropout": rng})
+                         batch["position"], train=True,
+                         rngs={"dropout": dropout_key(rng, cfg.dropout_rng)})
     weights = (batch["segment"] > 0).astype(logits.dtype)
     per_token = xent(logits, batch["tokens"], real_vocab, cfg.label_smoothing)
     correct = (jnp.argmax(logits, -1) == batch["tokens"]) * weights

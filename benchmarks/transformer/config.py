@@ -9,6 +9,7 @@ from benchmarks.config import (
   TPU_ASYNC_COLLECTIVES,
   Common,
   check_attention,
+  check_dropout_rng,
   fraction,
   non_negative,
   positive,
@@ -49,6 +50,7 @@ class Config(Common):
   dropout: float = 0.1
   attention_dropout: float = 0.1
   attention: str = "xla"           # xla, or cudnn (GPUs: cuDNN's fused kernel; benchmarks.config)
+  dropout_rng: str = "threefry"    # threefry, or rbg (XLA's RngBitGenerator; benchmarks.config)
   label_smoothing: float = 0.1
   # Optimizer: Adam, linear warmup then rsqrt decay, scaled by d_model ** -0.5.
   optimizer: str = "adam"
@@ -99,11 +101,13 @@ PRESETS = {
     # training_results_v0.6, Google/benchmarks/transformer): 2048 sequences packed to 80 tokens,
     # lr 1.3 with 550 warmup steps, Adam 0.86/0.92/1e-9. Gradients summed in bfloat16, as
     # Google's tpu-v3-32 run was (`bfloat16_grads_all_reduce=true`); libtpu's asynchronous
-    # collectives, so the weights' all-gathers overlap the kernels.
+    # collectives, so the weights' all-gathers overlap the kernels; dropout's bits from XLA's
+    # RngBitGenerator (`--dropout_rng=rbg`) instead of threefry's rounds on the vector unit. Each
+    # replica draws its own masks inside the data-parallel step (benchmarks/loop/step.py).
     "tpu-v3-2048": Config(
         num_cpu_devices=0, mesh="x:64,y:32", layout="batch:x+y", dataset="wmt14",
         optimizations="grad_sum_2d,weight_update_sharding,bfloat16_grad_sum,distributed_eval",
-        dtype="bfloat16", libtpu_flags=TPU_ASYNC_COLLECTIVES,
+        dtype="bfloat16", libtpu_flags=TPU_ASYNC_COLLECTIVES, dropout_rng="rbg",
         vocab_size=33708, max_sequence_length=80, truncation="discard", packing=True,
         global_batch_size=2048, eval_batch_size=4096, max_epochs=10, eval_every=1,
         base_learning_rate=1.3, warmup_steps=550, adam_beta1=0.86, adam_beta2=0.92,
@@ -165,6 +169,7 @@ ABLATIONS = (
 
 def validate(c: Config) -> None:
   check_attention(c)
+  check_dropout_rng(c)
   if c.dataset not in DATASETS:
     raise UserError(f"--dataset={c.dataset}: choose one of {', '.join(DATASETS)}")
   if c.truncation not in TRUNCATION:

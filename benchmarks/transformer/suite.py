@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import optax
 from flax.traverse_util import flatten_dict, unflatten_dict
 
-from benchmarks.common.layers import compute_dtype
+from benchmarks.common.layers import compute_dtype, dropout_key
 from benchmarks.common.tokenizer import EOS
 from benchmarks.common.transformer import check_backend, padded_vocab, xent
 from benchmarks.task import TRAIN_FLOPS, LossAux, Task
@@ -110,7 +110,7 @@ def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int
     logits = model.apply({"params": params}, batch["inputs"], batch["targets"],
                          batch["inputs_segment"], batch["inputs_position"],
                          batch["targets_segment"], batch["targets_position"], train=True,
-                         rngs={"dropout": rng})
+                         rngs={"dropout": dropout_key(rng, cfg.dropout_rng)})
     weights = (batch["targets_segment"] > 0).astype(logits.dtype)
     per_token = xent(logits, batch["targets"], real_vocab, cfg.label_smoothing)
     correct = (jnp.argmax(logits, -1) == batch["targets"]) * weights
