@@ -84,17 +84,22 @@ def arrays(shape: str) -> list[tuple[str, list[int], str | None]]:
            m.group("layout")) for m in _ARRAY.finditer(shape)]
 
 
+def _minor_to_major(layout: str | None) -> list[int]:
+  """A layout's dimension order, most minor first (`{1,0:T(8,128)}` -> [1, 0])."""
+  return [int(d) for d in (layout or "").partition(":")[0].split(",") if d]
+
+
 def array_bytes(dtype: str, dims: list[int], layout: str | None) -> float:
   """Bytes of one array in HBM under its layout: the most minor dimensions padded to the
   layout's first tile (`T(8,128)`); 0 for another memory space (`S(1)`)."""
   bits = _DTYPE_BITS.get(dtype, 32)
   if not layout or ":" not in layout:
     return math.prod(dims) * bits / 8
-  order, _, attrs = layout.partition(":")
+  attrs = layout.partition(":")[2]
   space = _SPACE.search(attrs)
   if space and space.group("s") != "0":
     return 0.0
-  minor_to_major = [int(d) for d in order.split(",") if d]
+  minor_to_major = _minor_to_major(layout)
   physical = [dims[d] for d in reversed(minor_to_major)] if minor_to_major else []
   tile = _TILE.search(attrs)
   if tile:
@@ -155,25 +160,31 @@ def _dot_flops(ins: dict[str, str], shapes: dict[str, str], mxu: int) -> tuple[f
   return flops, flops * scale
 
 
-def _fused_flops(comp: str, comps, shapes, mxu: int, seen=None) -> tuple[float, float]:
-  """(flops, mxu_flops) of the dots and convolutions in a fused computation, nested ones too."""
+def _op_work(ins: dict[str, str], shapes, mxu: int) -> tuple[float, float, float]:
+  """(flops, mxu_flops, vector_ops) of one instruction, not looking into a fusion's body."""
+  op = ins["op"]
+  if op in ("dot", "convolution"):
+    return _dot_flops(ins, shapes, mxu) + (0.0,)
+  if op in ("reduce", "reduce-window"):
+    operands = hlo.operands(ins)
+    return 0.0, 0.0, _vector_elements(shapes.get(operands[0], "")) if operands else 0.0
+  return 0.0, 0.0, 0.0 if op in FREE or op in _NOT_VECTOR else _vector_elements(ins["shape"])
+
+
+def _fused_work(comp: str, comps, shapes, mxu: int, seen=None) -> tuple[float, float, float]:
+  """(flops, mxu_flops, vector_ops) of a fused computation, nested fusions included: the
+  dots' and convolutions' FLOPs and the vector unit's elementwise work (`Kernel`)."""
   seen = seen if seen is not None else set()
   if comp in seen or comp not in comps:
-    return 0.0, 0.0
+    return 0.0, 0.0, 0.0
   seen.add(comp)
-  total = [0.0, 0.0]
+  total = [0.0, 0.0, 0.0]
   for ins in comps[comp]:
-    if ins["op"] in ("dot", "convolution"):
-      f, m = _dot_flops(ins, shapes, mxu)
-      total[0] += f
-      total[1] += m
-    elif ins["op"] == "fusion":
-      called = _CALLS.search(ins["rest"])
-      if called:
-        f, m = _fused_flops(called.group("c"), comps, shapes, mxu, seen)
-        total[0] += f
-        total[1] += m
-  return total[0], total[1]
+    called = _CALLS.search(ins["rest"]) if ins["op"] == "fusion" else None
+    work = (_fused_work(called.group("c"), comps, shapes, mxu, seen) if called
+            else _op_work(ins, shapes, mxu))
+    total = [t + w for t, w in zip(total, work)]
+  return total[0], total[1], total[2]
 
 
 # Instructions the vector unit does not compute: views and bookkeeping (FREE), data movement
@@ -191,36 +202,13 @@ def _vector_elements(shape: str) -> int:
     if not dims:
       n += 8 * 128
       continue
-    order = [int(i) for i in layout.split(":")[0].split(",") if i] if layout else []
+    order = _minor_to_major(layout)
     if sorted(order) != list(range(len(dims))):
       order = list(range(len(dims)))[::-1]
     minor, second = dims[order[0]], (dims[order[1]] if len(order) > 1 else 1)
     rest = math.prod(dims[i] for i in order[2:])
     n += rest * _padded(second, 8) * _padded(minor, 128)
   return n
-
-
-def _vector_ops(comp: str, comps, shapes, seen=None) -> float:
-  """`Kernel.vector_ops` of a fused computation, nested fusions included."""
-  seen = seen if seen is not None else set()
-  if comp in seen or comp not in comps:
-    return 0.0
-  seen.add(comp)
-  total = 0.0
-  for ins in comps[comp]:
-    called = _CALLS.search(ins["rest"]) if ins["op"] == "fusion" else None
-    total += (_vector_ops(called.group("c"), comps, shapes, seen) if called
-              else _op_vector_ops(ins, shapes))
-  return total
-
-
-def _op_vector_ops(ins: dict[str, str], shapes) -> float:
-  """`Kernel.vector_ops` of one unfused instruction."""
-  op = ins["op"]
-  if op in ("reduce", "reduce-window"):
-    operands = hlo.operands(ins)
-    return _vector_elements(shapes.get(operands[0], "")) if operands else 0.0
-  return 0.0 if op in FREE or op in _NOT_VECTOR else _vector_elements(ins["shape"])
 
 
 def _param_index(ins: dict[str, str]) -> int | None:
@@ -362,20 +350,14 @@ def kernel(ins: dict[str, str], comps, shapes, mxu: int = 128) -> Kernel:
   op = ins["op"]
   if op == "fusion":
     called = _CALLS.search(ins["rest"])
-    flops, mxu_flops = (_fused_flops(called.group("c"), comps, shapes, mxu) if called
-                        else (0.0, 0.0))
+    flops, mxu_flops, vector = (_fused_work(called.group("c"), comps, shapes, mxu) if called
+                                else (0.0, 0.0, 0.0))
     nbytes = _fusion_bytes(ins, comps, shapes)
-    vector = _vector_ops(called.group("c"), comps, shapes) if called else 0.0
     kind = _KIND.search(ins["rest"])
     op = f"fusion:{kind.group('k')}" if kind else op
-  elif op in ("dot", "convolution"):
-    flops, mxu_flops = _dot_flops(ins, shapes, mxu)
-    nbytes = _op_bytes(ins, shapes)
-    vector = 0.0
   else:
-    flops = mxu_flops = 0.0
+    flops, mxu_flops, vector = _op_work(ins, shapes, mxu)
     nbytes = _op_bytes(ins, shapes)
-    vector = _op_vector_ops(ins, shapes)
   cycles = _CYCLES.search(ins["rest"])
   return Kernel(ins["name"], op, flops, mxu_flops, nbytes,
                 int(cycles.group("n")) if cycles else None, vector)
