@@ -30,16 +30,13 @@ def compute_dtype(name: str):
 
 
 def dropout_key(rng, generator: str):
-  """The key a model's dropout layers draw from (flax's "dropout" stream), from the step's
-  threefry key `rng` (`--dropout_rng`, benchmarks.config.DROPOUT_RNG): `rng` itself, or for
-  "rbg" a jax "rbg" key made of `rng`'s two threefry halves, whose bits XLA's RngBitGenerator
-  draws."""
+  """The key a model's dropout layers draw from (flax's "dropout" stream), from the step's raw
+  threefry key `rng`, uint32[2] (`--dropout_rng`, benchmarks.config.DROPOUT_RNG): `rng`
+  itself, or for "rbg" a jax "rbg" key made of `rng`'s two threefry halves, whose bits XLA's
+  RngBitGenerator draws."""
   if generator == "threefry":
     return rng
-  halves = jax.random.split(rng)
-  if jnp.issubdtype(halves.dtype, jax.dtypes.prng_key):
-    halves = jax.random.key_data(halves)
-  return jax.random.wrap_key_data(halves.reshape(4).astype(jnp.uint32), impl="rbg")
+  return jax.random.wrap_key_data(jax.random.split(rng).reshape(4), impl="rbg")
 
 
 # Rematerialization (`--remat`): each model marks its layers' outputs with `layer_output`; a
