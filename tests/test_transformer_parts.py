@@ -2,6 +2,7 @@
 grammar corpus, the schedule and the label-smoothed loss."""
 
 import itertools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -180,3 +181,27 @@ def test_attention_through_jax_dot_product_attention_equals_the_written_out_one(
   with jax.enable_x64(True):
     got, want = both(jnp.float64)
   np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-13)
+
+
+def test_dropout_is_flax_dropout_under_threefry_and_draws_16_bit_words_under_rbg():
+  """`layers.Dropout`: flax's own masks under a threefry key (the same bits: the float64 layout
+  tests rely on them); under an rbg key 16-bit words, dropping round(0.1 x 2^16) / 2^16 of the
+  inputs and scaling the rest by the inverse of what it keeps, so the mean is kept."""
+  from flax import linen as nn
+
+  from benchmarks.common.layers import Dropout, dropout_key
+  x = jnp.asarray(np.random.default_rng(0).uniform(1.0, 2.0, (64, 4096)), jnp.float32)
+  rng = jax.random.PRNGKey(3)
+  ours = Dropout(0.1).apply({}, x, False, rngs={"dropout": rng})
+  flax = nn.Dropout(0.1).apply({}, x, False, rngs={"dropout": rng})
+  np.testing.assert_array_equal(ours, flax)
+  key = dropout_key(rng, "rbg")
+  y = Dropout(0.1).apply({}, x, False, rngs={"dropout": key})
+  jaxpr = str(jax.make_jaxpr(lambda k: Dropout(0.1).apply({}, x, False, rngs={"dropout": k}))(key))
+  assert re.findall(r"random_bits\[[^\]]*bit_width=(\d+)", jaxpr) == ["16"], jaxpr
+  dropped = float(jnp.mean(y == 0))
+  assert abs(dropped - 6554 / 65536) < 0.003, dropped       # 262,144 draws: 5 sigma is 0.003
+  kept = y[y != 0] / x[y != 0]
+  np.testing.assert_allclose(kept, 1 / (1 - 6554 / 65536), rtol=1e-6)
+  assert not np.array_equal(np.asarray(y == 0), np.asarray(ours == 0))
+  assert Dropout(0.1).apply({}, x, True, rngs={"dropout": key}) is x

@@ -39,6 +39,36 @@ def dropout_key(rng, generator: str):
   return jax.random.wrap_key_data(jax.random.split(rng).reshape(4), impl="rbg")
 
 
+# Under an rbg key, dropout draws 16-bit words: the masks' bits are written to HBM by XLA's
+# RngBitGenerator and read back by the kernels that apply them (forward and backward), so their
+# width is traffic; 16 bits resolve a rate in steps of 2^-16 (0.1 -> 6554 / 65536 = 0.100006).
+MASK_BITS = 16
+
+
+class Dropout(nn.Module):
+  """flax's `nn.Dropout` (the same "dropout" stream, and the same masks under a threefry key:
+  `jax.random.bernoulli` with the kept inputs scaled by 1 / (1 - rate)). Under an rbg key
+  (`dropout_key`) an input is dropped where a MASK_BITS-bit word falls below round(rate x
+  2^MASK_BITS), and the kept ones are scaled by the inverse of that word's keep probability."""
+  rate: float
+
+  @nn.compact
+  def __call__(self, x, deterministic: bool):
+    if deterministic or self.rate == 0.0:
+      return x
+    if self.rate == 1.0:
+      return jnp.zeros_like(x)
+    rng = self.make_rng("dropout")
+    if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key) and str(jax.random.key_impl(rng)) == "rbg":
+      cut = round(self.rate * 2 ** MASK_BITS)
+      keep = jax.random.bits(rng, x.shape, jnp.dtype(f"uint{MASK_BITS}")) >= cut
+      kept = 1.0 - cut / 2 ** MASK_BITS
+    else:
+      kept = 1.0 - self.rate
+      keep = jax.random.bernoulli(rng, p=kept, shape=x.shape)
+    return jax.lax.select(keep, x / kept, jnp.zeros_like(x))
+
+
 # Rematerialization (`--remat`): each model marks its layers' outputs with `layer_output`; a
 # loss wrapped by `remat` keeps, for the backward pass, only those (full), or those and every
 # matmul's output (dots), and recomputes the rest, one layer at a time (`jax.checkpoint` with a

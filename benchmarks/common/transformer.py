@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from benchmarks.common.layers import layer_output, named_init, param_dtype
+from benchmarks.common.layers import Dropout, layer_output, named_init, param_dtype
 from mesh import constrain
 from mesh.errors import UserError
 
@@ -131,7 +131,7 @@ class Attention(nn.Module):
     logits = logits.astype(f) + bias
     logits = constrain(logits, ("batch", "heads", "length", None))
     w = jax.nn.softmax(logits).astype(dt)
-    w = nn.Dropout(self.dropout)(w, deterministic=not train)
+    w = Dropout(self.dropout)(w, deterministic=not train)
     if not cache:
       o = constrain(jnp.einsum("bhqs,bshk->bqhk", w, v), HEADS)
     else:
@@ -172,7 +172,7 @@ class FeedForward(nn.Module):
     wo = self.param("wo", named_init(init, ("d_ff", "embed")), (self.d_ff, d), f)
     h = constrain(jax.nn.relu(jnp.einsum("bld,df->blf", x.astype(dt), wi.astype(dt))),
                   ("batch", "length", "d_ff"))
-    h = nn.Dropout(self.dropout)(h, deterministic=not train)
+    h = Dropout(self.dropout)(h, deterministic=not train)
     return constrain(jnp.einsum("blf,fd->bld", h, wo.astype(dt)), EMB)
 
 
@@ -228,7 +228,7 @@ class SelfAttentionBlock(nn.Module):
     c = self.cfg
 
     def drop(t):
-      return nn.Dropout(c.dropout)(t, deterministic=not train)
+      return Dropout(c.dropout)(t, deterministic=not train)
 
     y = LayerNorm(c.dtype)(x)
     x = x + drop(Attention(c.num_heads, c.d_kv, c.attention_dropout, c.dtype, c.attention)(

@@ -23,7 +23,7 @@ from typing import Any
 import jax.numpy as jnp
 from flax import linen as nn
 
-from benchmarks.common.layers import named_init, param_dtype
+from benchmarks.common.layers import Dropout, named_init, param_dtype
 from benchmarks.common.transformer import (
   EMB,
   NEG,
@@ -70,7 +70,7 @@ class LanguageModel(nn.Module):
         (self.vocab, self.d_model), f)
     x = jnp.take(embedding, shift_right(tokens, position), axis=0) * (self.d_model ** 0.5)
     x = x + sinusoid(position, self.d_model).astype(x.dtype)
-    x = nn.Dropout(self.dropout)(x.astype(self.dtype), deterministic=not train)
+    x = Dropout(self.dropout)(x.astype(self.dtype), deterministic=not train)
     x = constrain(x, EMB)
     bias = attention_bias(segment, segment, causal=True)
     dims = Dims(self.num_heads, self.d_kv, self.d_ff, self.dropout, self.attention_dropout,

@@ -19,7 +19,7 @@ from typing import Any
 import jax.numpy as jnp
 from flax import linen as nn
 
-from benchmarks.common.layers import layer_output, named_init, param_dtype
+from benchmarks.common.layers import Dropout, layer_output, named_init, param_dtype
 from benchmarks.common.transformer import (
   EMB,
   NEG,
@@ -44,7 +44,7 @@ class DecoderLayer(nn.Module):
   @nn.compact
   def __call__(self, x, encoded, self_bias, cross_bias, train: bool, decode=False, step=None):
     c = self.cfg
-    drop = lambda t: nn.Dropout(c.dropout)(t, deterministic=not train)
+    drop = lambda t: Dropout(c.dropout)(t, deterministic=not train)
     y = LayerNorm(c.dtype)(x)
     x = x + drop(Attention(c.num_heads, c.d_kv, c.attention_dropout, c.dtype, c.attention,
                                  name="self")(
@@ -81,7 +81,7 @@ class Transformer(nn.Module):
     self.encoder_norm = LayerNorm(self.dtype)
     self.decoder = [DecoderLayer(dims, name=f"decoder_{i}") for i in range(self.num_layers)]
     self.decoder_norm = LayerNorm(self.dtype)
-    self.drop = nn.Dropout(self.dropout)
+    self.drop = Dropout(self.dropout)
 
   def _table(self):
     """The shared embedding as the lookups and the logits read it: one cast to the compute
