@@ -152,6 +152,35 @@ def test_threefry_dropout_is_vector_work_the_compiler_prices_alike(compile_one):
   assert sum(k.vector_ops for k in ks) <= 10 * n
 
 
+def test_16_bit_dropout_words_halve_the_random_bits_traffic(compile_one):
+  """The models' `Dropout` under an rbg key (`benchmarks.common.layers`) draws 16-bit words:
+  in the compiled program the RngBitGenerator writes half the bytes of the 32-bit draw that
+  `jax.random.bernoulli` makes from the same key, and the step's kernels move at least 3 bytes
+  a draw less (2 written, 2 read back by the kernel that applies the mask)."""
+  import jax
+  import jax.numpy as jnp
+
+  from benchmarks.common.layers import Dropout
+  shape, n = (4, 256, 4096), 4 * 256 * 4096
+
+  def key(s):
+    return jax.random.wrap_key_data(jnp.stack([s] * 4), impl="rbg")
+  words16 = compile_one(lambda s, x: Dropout(0.1).apply({}, x, False, rngs={"dropout": key(s)}),
+                        ((), jnp.uint32), (shape, jnp.bfloat16))
+  words32 = compile_one(lambda s, x: jnp.where(jax.random.bernoulli(key(s), 0.9, x.shape),
+                                               x / 0.9, 0), ((), jnp.uint32),
+                        (shape, jnp.bfloat16))
+  drawn = {}
+  for name, text in (("16", words16), ("32", words32)):
+    ks = _kernels(text)
+    rbg = [k for k, _ in ks if k.op == "rng-bit-generator"]
+    assert len(rbg) == 1, rbg
+    drawn[name] = (rbg[0].bytes, sum(k.bytes * runs for k, runs in ks))
+  assert drawn["16"][0] == pytest.approx(2 * n, rel=0.01)
+  assert drawn["32"][0] == pytest.approx(4 * n, rel=0.01)
+  assert drawn["16"][1] <= drawn["32"][1] - 3 * n, drawn
+
+
 def test_a_loop_runs_its_kernels_per_trip(compile_one):
   import jax
   import jax.numpy as jnp
