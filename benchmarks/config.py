@@ -29,6 +29,8 @@ class Common:
   dtype: str = "float32"            # compute dtype: float32, bfloat16 (float64 for exactness tests)
   remat: str = "none"               # recompute in the backward pass: none; full (keep each layer's
                                     # output only); dots (also keep matmul outputs)
+  state_layouts: str = "default"    # each train-state array's layout in a device's memory
+                                    # (STATE_LAYOUTS): default, jax's; auto, the compiler's choice
   xla_flags: str = ""               # XLA flags the run adds to XLA_FLAGS before jax starts
   libtpu_flags: str = ""            # the TPU compiler's flags the run adds to LIBTPU_INIT_ARGS
                                     # before libtpu loads (`mesh.tpu_flags`)
@@ -47,6 +49,14 @@ class Common:
 
 
 REMAT = ("none", "full", "dots")   # `benchmarks.common.layers.remat`
+# The memory layouts of the train state (`--state_layouts`; jax.experimental.layout, "Device-
+# local array layout control", https://docs.jax.dev/en/latest/notebooks/layout.html): `default`,
+# the layout jax gives every array of its shape (dimensions in order, the backend's default
+# tiling); `auto`, the one the compiler chooses for each array of the train step's state
+# (`Layout.AUTO`), which the state then keeps from its initialization on: the step's own
+# kernels read and write it without copying it into another order first. The same values
+# either way; on a CPU the compiler chooses the default.
+STATE_LAYOUTS = ("default", "auto")
 # How attention runs (`--attention`, the Transformer and the LM): `xla`, jax's XLA
 # implementation on every backend; `cudnn`, cuDNN's fused kernel (jax.nn.dot_product_attention's
 # `implementation="cudnn"`: NVIDIA GPUs, bfloat16 or float16, no dropout on the weights).
@@ -188,6 +198,9 @@ def validate_common(c: Common) -> None:
     raise UserError(f"--dtype={c.dtype}: choose float32 or bfloat16 (float64: exactness checks)")
   if c.remat not in REMAT:
     raise UserError(f"--remat={c.remat}: choose one of {', '.join(REMAT)}")
+  if c.state_layouts not in STATE_LAYOUTS:
+    raise UserError(f"--state_layouts={c.state_layouts}: choose one of "
+                    f"{', '.join(STATE_LAYOUTS)}")
   if c.num_cpu_devices < 0:
     raise UserError(f"--num_cpu_devices={c.num_cpu_devices}: simulate N >= 1 CPU devices, or "
                     f"pass 0 to use the real devices")

@@ -94,8 +94,17 @@ def test_cache_key_changes_with_config_topology_and_compiler():
       compile_cache.cache_key("resnet", cfg, "v3:8x8", True, "code"),
       compile_cache.cache_key("resnet", cfg, p.topology, False, "code"),
       compile_cache.cache_key("resnet", cfg, p.topology, True, "jax==0.11"),
+      compile_cache.cache_key("resnet", dataclasses.replace(cfg, state_layouts="auto"),
+                              p.topology, True, "code"),
   ]
   assert key not in others and len(set(others)) == len(others)
+  # A field added after programs were cached counts only when set: at its old value the key
+  # is the one the config had before the field existed.
+  before = {k: v for k, v in dataclasses.asdict(cfg).items()
+            if k not in ("state_layouts",) + compile_cache.AS_FLAGS}
+  assert key == compile_cache.hashlib.sha256(compile_cache.json.dumps(
+      {"benchmark": "resnet", "config": before, "topology": p.topology, "with_eval": True,
+       "compiler": "code"}, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 
 def test_compiler_flags_from_the_environment_are_part_of_the_key(monkeypatch):

@@ -95,7 +95,7 @@ def build(cfg, entry, *, devs=None, process_index: int = 0, process_count: int =
     before_compile(sharder, plan, task)
   program, init_state = step_lib.compile_steps(
       task, sharder, cfg.seed, examples[0], examples[1] if with_eval else None,
-      process_count, plan, eval_device=eval_device)
+      process_count, plan, eval_device=eval_device, state_layouts=cfg.state_layouts)
   state = None
   if init:
     devices.check_fits(program.step_cost["memory_per_device"], sharder.mesh.devices.flat[0],

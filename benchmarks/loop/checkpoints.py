@@ -218,12 +218,16 @@ class Checkpoints:
             f"{key}={where[key]}, this run has {expected[key]}; a resumed run must see the "
             f"same batches: resume with the original flags, or start a new --output_dir")
     self._check_shapes(step, abstract_state)
+    # Read with the shardings alone, then put in the state's layouts (`--state_layouts=auto`:
+    # the train step accepts no other).
+    sharded = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                           abstract_state)
     try:
-      state = self.mngr.restore(step, args=self._ocp.args.StandardRestore(abstract_state))
+      state = self.mngr.restore(step, args=self._ocp.args.StandardRestore(sharded))
     except Exception as e:
       raise UserError(f"--resume: cannot restore the checkpoint of step {step} in "
                       f"{self.directory} ({_first_line(e)})") from None
-    return state, step, where
+    return jax.device_put(state, jax.tree.map(lambda x: x.format, abstract_state)), step, where
 
   def _check_shapes(self, step: int, abstract_state) -> None:
     from etils import epath

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
+from jax.experimental.layout import Format, Layout
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
 import optimizations
@@ -36,7 +37,7 @@ class Program:
   """A benchmark's compiled training and evaluation steps and their shardings and costs."""
   sharder: Sharder
   plan: Plan
-  state_shardings: Any
+  state_shardings: Any       # NamedShardings, or Formats under --state_layouts=auto
   state_shapes: Any
   batch_shardings: dict[str, Any]
   train: Any                 # compiled: (state, batch) -> (state, metrics)
@@ -220,15 +221,24 @@ def with_initial_state(program: Program, task: Task, init: Callable[[], Any]
   return dataclasses.replace(program, compile_s=program.compile_s + time.time() - t0), state
 
 
+def requested_layout(shape: jax.ShapeDtypeStruct):
+  """The layout `--state_layouts=auto` asks the compiler for, for a state array of this shape:
+  its choice (tests ask for others)."""
+  return Layout.AUTO
+
+
 def compile_steps(task: Task, sharder: Sharder, seed: int, train_example: dict,
                   eval_example: dict | None, process_count: int = 1, plan: Plan | None = None,
-                  eval_device=None) -> tuple[Program, Any]:
+                  eval_device=None, state_layouts: str = "default") -> tuple[Program, Any]:
   """The compiled steps of a state that is never materialized: shapes and shardings come from
   `jax.eval_shape`, so a pod's program compiles on a machine that could not hold its state
   (compile-only runs). Examples may be arrays or anything with `shape` and `dtype`
   (`benchmarks.data.Field`). `eval_device`: where a non-distributed eval runs (default: this
-  process's first device). Returns the program and `init()`, which materializes the initial
-  state with the program's shardings."""
+  process's first device). `state_layouts` (`benchmarks.config.STATE_LAYOUTS`): "auto" lets the
+  compiler choose each state array's memory layout; the program's `state_shardings` are then
+  `Format`s (layout and sharding), which the initial state, the eval step and restored
+  checkpoints follow. Returns the program and `init()`, which materializes the initial state
+  with the program's shardings."""
   plan = plan or plain_plan(sharder)
   tx = task.optimizer
   init_rng, train_rng = jax.random.split(jax.random.PRNGKey(seed))
@@ -261,12 +271,25 @@ def compile_steps(task: Task, sharder: Sharder, seed: int, train_example: dict,
   state_shapes = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
                               jax.eval_shape(init_state, init_rng, train_rng), state_shardings)
   t0 = time.time()
-  with use(sharder):
-    train_c = jax.jit(
-        train_step_fn(task, ctx),
-        in_shardings=(state_shardings, {k: batch_shardings[k] for k in train_example}),
-        out_shardings=(state_shardings, repl), donate_argnums=donated_state(sharder)).lower(
-            state_shapes, _shape_of(train_example, process_count, batch_shardings)).compile()
+
+  def compile_train(state_formats):
+    with use(sharder):
+      return jax.jit(
+          train_step_fn(task, ctx),
+          in_shardings=(state_formats, {k: batch_shardings[k] for k in train_example}),
+          out_shardings=(state_formats, repl), donate_argnums=donated_state(sharder)).lower(
+              state_shapes, _shape_of(train_example, process_count, batch_shardings)).compile()
+  if state_layouts == "auto":
+    train_c = compile_train(jax.tree.map(
+        lambda x, sh: Format(requested_layout(x), sh), state_shapes, state_shardings))
+    state_shardings = train_c.input_formats[0][0]
+    if train_c.output_formats[0] != state_shardings:
+      # The next step reads what this one writes: both in the layouts it reads.
+      train_c = compile_train(state_shardings)
+    state_shapes = jax.tree.map(lambda x, f: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=f),
+                                state_shapes, state_shardings)
+  else:
+    train_c = compile_train(state_shardings)
   eval_c = None
   if eval_example is not None:
     eval_c, eval_device = _compile_eval(task, sharder, plan, state_shapes, param_shardings,
@@ -297,7 +320,8 @@ def place_warm_start(state, partial: dict):
     if value.shape != target.shape:
       raise UserError(f"warm start: {path} has shape {value.shape} but the model's is "
                       f"{target.shape}; the weights are for another model size")
-    return jax.make_array_from_callback(target.shape, target.sharding, lambda i: value[i])
+    placed = jax.make_array_from_callback(target.shape, target.sharding, lambda i: value[i])
+    return jax.device_put(placed, target.format)    # the state's layout (--state_layouts)
   return {**state, **{k: put(state[k], v, k) for k, v in partial.items()}}
 
 
@@ -379,10 +403,11 @@ def evaluate(program: Program, state, batches) -> dict[str, Any]:
   if program.eval_device is None:
     params, model_state = state["params"], state["model_state"]
     put = lambda local: global_batch(local, program.batch_shardings)
-  else:   # copy the parameters to one device, as a separate eval job would load them
-    params, model_state = jax.device_put(jax.tree.map(_whole, (state["params"],
-                                                               state["model_state"])),
-                                         program.eval_device)
+  else:   # copy the parameters to one device, as a separate eval job would load them, in the
+          # layouts the eval step was compiled for (the state's may differ: --state_layouts)
+    params, model_state = jax.tree.map(
+        lambda x, f: jax.device_put(jax.device_put(_whole(x), program.eval_device), f),
+        (state["params"], state["model_state"]), tuple(program.eval.input_formats[0][:2]))
     put = lambda local: jax.device_put(local, program.eval_device)
   for local in batches:
     out = program.eval(params, model_state, put(local))

@@ -72,12 +72,16 @@ def versions(libtpu_flags: str = "") -> str:
 
 # Config fields the key holds as what they become (`versions`), not as written.
 AS_FLAGS = ("libtpu_flags",)
+# Config fields added after programs were cached, with the value every earlier program was
+# compiled with: the key holds them only when set otherwise, so earlier keys stay as they were.
+ADDED = {"state_layouts": "default"}
 
 
 def cache_key(benchmark: str, cfg, topology: str | None, with_eval: bool, compiler: str) -> str:
   """What a program compiles: the benchmark, its full config, the slice, eval or not, and the
   compiler's versions. The code it was compiled with is checked separately (`stale`)."""
-  config = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in AS_FLAGS}
+  config = {k: v for k, v in dataclasses.asdict(cfg).items()
+            if k not in AS_FLAGS and not (k in ADDED and v == ADDED[k])}
   what = {"benchmark": benchmark, "config": config, "topology": topology,
           "with_eval": with_eval, "compiler": compiler}
   return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:24]

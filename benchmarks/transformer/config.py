@@ -103,11 +103,15 @@ PRESETS = {
     # Google's tpu-v3-32 run was (`bfloat16_grads_all_reduce=true`); libtpu's asynchronous
     # collectives, so the weights' all-gathers overlap the kernels; dropout's bits from XLA's
     # RngBitGenerator (`--dropout_rng=rbg`) instead of threefry's rounds on the vector unit. Each
-    # replica draws its own masks inside the data-parallel step (benchmarks/loop/step.py).
+    # replica draws its own masks inside the data-parallel step (benchmarks/loop/step.py). The
+    # train state in the memory layouts the compiler chooses for the step (`--state_layouts`):
+    # the optimizer's updates are written where the next step reads them, not copied into
+    # jax's default order after every step.
     "tpu-v3-2048": Config(
         num_cpu_devices=0, mesh="x:64,y:32", layout="batch:x+y", dataset="wmt14",
         optimizations="grad_sum_2d,weight_update_sharding,bfloat16_grad_sum,distributed_eval",
         dtype="bfloat16", libtpu_flags=TPU_ASYNC_COLLECTIVES, dropout_rng="rbg",
+        state_layouts="auto",
         vocab_size=33708, max_sequence_length=80, truncation="discard", packing=True,
         global_batch_size=2048, eval_batch_size=4096, max_epochs=10, eval_every=1,
         base_learning_rate=1.3, warmup_steps=550, adam_beta1=0.86, adam_beta2=0.92,
