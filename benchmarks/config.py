@@ -69,6 +69,12 @@ ATTENTION = ("xla", "cudnn")
 # masks are split. On a TPU, threefry's 20 rounds of 32-bit additions, rotations and xors run on
 # the vector unit for every draw (docs/pod.md measures what that costs the Transformer).
 DROPOUT_RNG = ("threefry", "rbg")
+# The dtype of the attention's softmax (`--softmax_dtype`, the Transformer; jax's attention
+# path, `--attention=xla`): `float32`, whatever the compute dtype; `compute`, the compute dtype
+# (`--dtype`), as Google's MLPerf v0.6 Transformer had it: tensor2tensor's
+# `dot_product_attention` casts the logits to float32 only under float16 activations
+# (`common_attention.maybe_upcast`), so with bfloat16 ones its softmax ran in bfloat16.
+SOFTMAX = ("float32", "compute")
 # What the GPU presets set (`--xla_flags`): XLA's latency-hiding scheduler, which moves
 # collectives to overlap the compute around them (JAX's GPU performance tips,
 # https://docs.jax.dev/en/latest/gpu_performance_tips.html; NVIDIA's JAX containers set it too).
@@ -153,6 +159,14 @@ def check_attention(c) -> None:
     raise UserError(f"--attention=cudnn: cuDNN's fused kernel has no dropout on the attention "
                     f"weights (--attention_dropout={c.attention_dropout}): pass "
                     f"--attention_dropout=0 or --attention=xla")
+
+
+def check_softmax(c) -> None:
+  if c.softmax_dtype not in SOFTMAX:
+    raise UserError(f"--softmax_dtype={c.softmax_dtype}: choose one of {', '.join(SOFTMAX)}")
+  if c.softmax_dtype == "compute" and c.attention == "cudnn":
+    raise UserError("--softmax_dtype=compute is jax's attention's (--attention=xla); cuDNN's "
+                    "fused kernel keeps its own: pass --softmax_dtype=float32")
 
 
 def check_dropout_rng(c) -> None:

@@ -183,6 +183,45 @@ def test_attention_through_jax_dot_product_attention_equals_the_written_out_one(
   np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-13)
 
 
+@pytest.mark.parametrize("train", [True, False])
+def test_the_softmax_runs_in_bfloat16_only_under_softmax_compute(train):
+  """`--softmax_dtype=compute` (tensor2tensor's bfloat16 attention): the exponentials of the
+  softmax are bfloat16, in training (with attention dropout) and in evaluation alike; the
+  default keeps them float32. Both outputs stay within bfloat16 rounding of float32 attention."""
+  from benchmarks.common.transformer import Attention, attention_bias
+  rng = np.random.default_rng(0)
+  seg = jnp.asarray([[1, 1, 1, 2, 2, 0], [1, 1, 1, 1, 1, 1]])
+  x32 = jnp.asarray(rng.normal(size=(2, 6, 16)), jnp.float32)
+  bias = attention_bias(seg, seg, causal=True)
+  params = Attention(4, 8, 0.1, jnp.float32).init(jax.random.PRNGKey(0), x32, x32, bias, False)
+  want = Attention(4, 8, 0.1, jnp.float32).apply(params, x32, x32, bias, False)
+  x = x32.astype(jnp.bfloat16)
+  outs = {}
+  for softmax in ("float32", "compute"):
+    att = Attention(4, 8, 0.1, jnp.bfloat16, softmax=softmax)
+    apply = lambda p, x: att.apply(p, x, x, bias.astype(jnp.bfloat16), train,  # noqa: E731
+                                   rngs={"dropout": jax.random.PRNGKey(1)})
+    exps = [e.outvars[0].aval.dtype for e in _eqns(jax.make_jaxpr(apply)(params, x).jaxpr)
+            if e.primitive.name == "exp"]
+    assert exps and set(exps) == {jnp.dtype("bfloat16" if softmax == "compute" else "float32")}
+    outs[softmax] = np.asarray(apply(params, x), np.float32)
+  if not train:
+    for got in outs.values():
+      np.testing.assert_allclose(got, want, atol=0.05, rtol=0.05)
+  assert not np.array_equal(outs["float32"], outs["compute"])
+
+
+def _eqns(jaxpr):
+  """Every equation of a jaxpr, those of the jaxprs inside it (jit, custom derivatives) too."""
+  for e in jaxpr.eqns:
+    yield e
+    for v in e.params.values():
+      for sub in (v if isinstance(v, (list, tuple)) else (v,)):
+        inner = getattr(sub, "jaxpr", sub)
+        if hasattr(inner, "eqns"):
+          yield from _eqns(inner)
+
+
 def test_dropout_is_flax_dropout_under_threefry_and_draws_16_bit_words_under_rbg():
   """`layers.Dropout`: flax's own masks under a threefry key (the same bits: the float64 layout
   tests rely on them); under an rbg key 16-bit words, dropping round(0.1 x 2^16) / 2^16 of the

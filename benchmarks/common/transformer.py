@@ -85,6 +85,7 @@ class Attention(nn.Module):
   dropout: float = 0.0
   dtype: Any = jnp.float32
   implementation: str = "xla"   # or "cudnn" (`--attention`, `check_backend`)
+  softmax: str = "float32"      # or "compute": in `dtype` (`--softmax_dtype`, SOFTMAX)
 
   @nn.compact
   def __call__(self, x, kv, bias, train: bool, cache: str = "", step=None):
@@ -105,7 +106,8 @@ class Attention(nn.Module):
       return constrain(jnp.einsum("bld,dhk->blhk", t.astype(dt), w.astype(dt)), HEADS)
 
     q = proj(x, wq) * (self.d_kv ** -0.5)
-    if not cache and not (train and self.dropout > 0) and dt != jnp.float64:
+    if (not cache and not (train and self.dropout > 0) and dt != jnp.float64
+        and self.softmax == "float32"):
       # jax's attention (the same dots and softmax as below, the softmax in float32). With no
       # `implementation` named, jax 0.10 runs its XLA one on every backend; cuDNN's fused kernel
       # is opt-in (jax.nn.dot_product_attention's docs) and takes a bias as long as the logits
@@ -128,7 +130,8 @@ class Attention(nn.Module):
       # layer's whole caches (the cross-attention ones, which never change, included).
       k, v = self._cached(kv, proj, wk, wv, bias.shape[-1], cache, step)
       logits = jnp.einsum("bqhk,bhks->bhqs", q, k)
-    logits = logits.astype(f) + bias
+    sf = dt if self.softmax == "compute" else f
+    logits = logits.astype(sf) + bias.astype(sf)
     logits = constrain(logits, ("batch", "heads", "length", None))
     w = jax.nn.softmax(logits).astype(dt)
     w = Dropout(self.dropout)(w, deterministic=not train)
@@ -216,6 +219,7 @@ class Dims:
   attention_dropout: float
   dtype: Any
   attention: str = "xla"        # `Attention.implementation`
+  softmax: str = "float32"      # `Attention.softmax`
 
 
 class SelfAttentionBlock(nn.Module):
@@ -231,7 +235,8 @@ class SelfAttentionBlock(nn.Module):
       return Dropout(c.dropout)(t, deterministic=not train)
 
     y = LayerNorm(c.dtype)(x)
-    x = x + drop(Attention(c.num_heads, c.d_kv, c.attention_dropout, c.dtype, c.attention)(
+    x = x + drop(Attention(c.num_heads, c.d_kv, c.attention_dropout, c.dtype, c.attention,
+                           c.softmax)(
         y, y, bias, train))
     y = LayerNorm(c.dtype)(x)
     return layer_output(x + drop(FeedForward(c.d_ff, c.dropout, c.dtype)(y, train)))

@@ -74,7 +74,7 @@ def versions(libtpu_flags: str = "") -> str:
 AS_FLAGS = ("libtpu_flags",)
 # Config fields added after programs were cached, with the value every earlier program was
 # compiled with: the key holds them only when set otherwise, so earlier keys stay as they were.
-ADDED = {"state_layouts": "default"}
+ADDED = {"state_layouts": "default", "softmax_dtype": "float32"}
 
 
 def cache_key(benchmark: str, cfg, topology: str | None, with_eval: bool, compiler: str) -> str:

@@ -10,6 +10,7 @@ from benchmarks.config import (
   Common,
   check_attention,
   check_dropout_rng,
+  check_softmax,
   fraction,
   non_negative,
   positive,
@@ -51,6 +52,8 @@ class Config(Common):
   attention_dropout: float = 0.1
   attention: str = "xla"           # xla, or cudnn (GPUs: cuDNN's fused kernel; benchmarks.config)
   dropout_rng: str = "threefry"    # threefry, or rbg (XLA's RngBitGenerator; benchmarks.config)
+  softmax_dtype: str = "float32"   # the attention softmax's: float32, or compute (--dtype's;
+                                   # benchmarks.config.SOFTMAX)
   label_smoothing: float = 0.1
   # Optimizer: Adam, linear warmup then rsqrt decay, scaled by d_model ** -0.5.
   optimizer: str = "adam"
@@ -106,12 +109,13 @@ PRESETS = {
     # replica draws its own masks inside the data-parallel step (benchmarks/loop/step.py). The
     # train state in the memory layouts the compiler chooses for the step (`--state_layouts`):
     # the optimizer's updates are written where the next step reads them, not copied into
-    # jax's default order after every step.
+    # jax's default order after every step. The attention's softmax in bfloat16
+    # (`--softmax_dtype=compute`), as tensor2tensor computed it under bfloat16 activations.
     "tpu-v3-2048": Config(
         num_cpu_devices=0, mesh="x:64,y:32", layout="batch:x+y", dataset="wmt14",
         optimizations="grad_sum_2d,weight_update_sharding,bfloat16_grad_sum,distributed_eval",
         dtype="bfloat16", libtpu_flags=TPU_ASYNC_COLLECTIVES, dropout_rng="rbg",
-        state_layouts="auto",
+        state_layouts="auto", softmax_dtype="compute",
         vocab_size=33708, max_sequence_length=80, truncation="discard", packing=True,
         global_batch_size=2048, eval_batch_size=4096, max_epochs=10, eval_every=1,
         base_learning_rate=1.3, warmup_steps=550, adam_beta1=0.86, adam_beta2=0.92,
@@ -174,6 +178,7 @@ ABLATIONS = (
 def validate(c: Config) -> None:
   check_attention(c)
   check_dropout_rng(c)
+  check_softmax(c)
   if c.dataset not in DATASETS:
     raise UserError(f"--dataset={c.dataset}: choose one of {', '.join(DATASETS)}")
   if c.truncation not in TRUNCATION:

@@ -47,11 +47,11 @@ class DecoderLayer(nn.Module):
     drop = lambda t: Dropout(c.dropout)(t, deterministic=not train)
     y = LayerNorm(c.dtype)(x)
     x = x + drop(Attention(c.num_heads, c.d_kv, c.attention_dropout, c.dtype, c.attention,
-                                 name="self")(
+                                 c.softmax, name="self")(
         y, y, self_bias, train, "self" if decode else "", step))
     y = LayerNorm(c.dtype)(x)
     x = x + drop(Attention(c.num_heads, c.d_kv, c.attention_dropout, c.dtype, c.attention,
-                                 name="cross")(
+                                 c.softmax, name="cross")(
         y, encoded, cross_bias, train, "cross" if decode else ""))
     y = LayerNorm(c.dtype)(x)
     return layer_output(x + drop(FeedForward(c.d_ff, c.dropout, c.dtype)(y, train)))
@@ -70,13 +70,14 @@ class Transformer(nn.Module):
   attention_dropout: float = 0.1
   dtype: Any = jnp.float32
   attention: str = "xla"            # `Attention.implementation`
+  softmax: str = "float32"          # `Attention.softmax`
 
   def setup(self):
     self.embedding = self.param(
         "embedding", named_init(nn.initializers.normal(self.d_model ** -0.5), ("vocab", "embed")),
         (self.vocab, self.d_model), param_dtype(self.dtype))
     dims = Dims(self.num_heads, self.d_kv, self.d_ff, self.dropout, self.attention_dropout,
-                self.dtype, self.attention)
+                self.dtype, self.attention, self.softmax)
     self.encoder = [SelfAttentionBlock(dims, name=f"encoder_{i}") for i in range(self.num_layers)]
     self.encoder_norm = LayerNorm(self.dtype)
     self.decoder = [DecoderLayer(dims, name=f"decoder_{i}") for i in range(self.num_layers)]

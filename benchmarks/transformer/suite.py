@@ -49,7 +49,7 @@ def make_model(cfg: Config, real_vocab: int, dtype=None) -> Transformer:
                      num_layers=cfg.num_layers, d_model=cfg.d_model, d_ff=cfg.d_ff,
                      num_heads=cfg.num_heads, d_kv=cfg.d_kv, dropout=cfg.dropout,
                      attention_dropout=cfg.attention_dropout, attention=cfg.attention,
-                     dtype=dtype or compute_dtype(cfg.dtype))
+                     softmax=cfg.softmax_dtype, dtype=dtype or compute_dtype(cfg.dtype))
 
 
 def translate(model: Transformer, params, inputs, beam: int, max_len: int, alpha: float):
