@@ -4,6 +4,7 @@ trips, slices and in-place updates, on programs the TPU compiler (libtpu) compil
 TensorCore of a v3 slice here."""
 
 import os
+import re
 
 import pytest
 
@@ -179,6 +180,45 @@ def test_16_bit_dropout_words_halve_the_random_bits_traffic(compile_one):
   assert drawn["16"][0] == pytest.approx(2 * n, rel=0.01)
   assert drawn["32"][0] == pytest.approx(4 * n, rel=0.01)
   assert drawn["16"][1] <= drawn["32"][1] - 3 * n, drawn
+
+
+def test_attention_dropout_words_need_no_relayout_copy(compile_one, monkeypatch):
+  """The attention's dropout under an rbg key (`Dropout(swap_last_axes=True)` in
+  `benchmarks.common.transformer.Attention`): in the compiled training step of one v3 core the
+  RngBitGenerator's words are read where they are written. Drawn in the weights' own shape, the
+  TPU compiler copies them into the weights' layout (queries minor) first."""
+  import jax
+  import jax.numpy as jnp
+
+  from benchmarks.common import layers as layers_lib
+  from benchmarks.common import transformer as transformer_lib
+  b, l, d = 4, 256, 256
+  seg = jnp.ones((b, l), jnp.int32)
+  layer = transformer_lib.Attention(num_heads=4, d_kv=64, dropout=0.1, dtype=jnp.bfloat16)
+  x0 = jnp.zeros((b, l, d), jnp.bfloat16)
+  params = jax.eval_shape(lambda: layer.init(jax.random.PRNGKey(0), x0, x0,
+                                             transformer_lib.attention_bias(seg, seg), False))
+  leaves, tree = jax.tree.flatten(params)
+
+  def copies():
+    def loss(p, x, s):
+      key = jax.random.wrap_key_data(jnp.stack([s] * 4), impl="rbg")
+      y = layer.apply(p, x, x, transformer_lib.attention_bias(seg, seg), True,
+                      rngs={"dropout": key})
+      return jnp.sum(y.astype(jnp.float32))
+
+    def step(*args):
+      return jax.grad(loss, argnums=(0, 1))(jax.tree.unflatten(tree, args[:-2]), *args[-2:])
+    text = compile_one(step, *[(a.shape, a.dtype) for a in leaves], ((b, l, d), jnp.bfloat16),
+                       ((), jnp.uint32))
+    drawn = {m.group(1) for m in re.finditer(r"%([\w.\-]+) = \S+ rng-bit-generator\(", text)}
+    assert len(drawn) == 1, drawn
+    return sum(m.group(1) in drawn for m in re.finditer(r"= \S+ copy\(%([\w.\-]+)\)", text))
+
+  assert copies() == 0
+  monkeypatch.setattr(transformer_lib, "Dropout",
+                      lambda rate, swap_last_axes: layers_lib.Dropout(rate))
+  assert copies() >= 1
 
 
 def test_a_loop_runs_its_kernels_per_trip(compile_one):

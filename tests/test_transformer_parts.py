@@ -225,7 +225,8 @@ def _eqns(jaxpr):
 def test_dropout_is_flax_dropout_under_threefry_and_draws_16_bit_words_under_rbg():
   """`layers.Dropout`: flax's own masks under a threefry key (the same bits: the float64 layout
   tests rely on them); under an rbg key 16-bit words, dropping round(0.1 x 2^16) / 2^16 of the
-  inputs and scaling the rest by the inverse of what it keeps, so the mean is kept."""
+  inputs and scaling the rest by the inverse of what it keeps, so the mean is kept; with
+  `swap_last_axes`, the same under threefry and the words of the swapped shape under rbg."""
   from flax import linen as nn
 
   from benchmarks.common.layers import Dropout, dropout_key
@@ -244,3 +245,11 @@ def test_dropout_is_flax_dropout_under_threefry_and_draws_16_bit_words_under_rbg
   np.testing.assert_allclose(kept, 1 / (1 - 6554 / 65536), rtol=1e-6)
   assert not np.array_equal(np.asarray(y == 0), np.asarray(ours == 0))
   assert Dropout(0.1).apply({}, x, True, rngs={"dropout": key}) is x
+  # swap_last_axes (the attention weights'): flax's masks under threefry still; under rbg the
+  # words drawn for the swapped shape, swapped back (the same rate and scale).
+  swapped = Dropout(0.1, swap_last_axes=True)
+  np.testing.assert_array_equal(swapped.apply({}, x, False, rngs={"dropout": rng}), flax)
+  ys = swapped.apply({}, x, False, rngs={"dropout": key})
+  flipped = Dropout(0.1).apply({}, x.T, False, rngs={"dropout": key}).T
+  np.testing.assert_array_equal(ys == 0, flipped == 0)
+  np.testing.assert_allclose(ys[ys != 0] / x[ys != 0], 1 / (1 - 6554 / 65536), rtol=1e-6)

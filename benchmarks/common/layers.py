@@ -49,8 +49,14 @@ class Dropout(nn.Module):
   """flax's `nn.Dropout` (the same "dropout" stream, and the same masks under a threefry key:
   `jax.random.bernoulli` with the kept inputs scaled by 1 / (1 - rate)). Under an rbg key
   (`dropout_key`) an input is dropped where a MASK_BITS-bit word falls below round(rate x
-  2^MASK_BITS), and the kept ones are scaled by the inverse of that word's keep probability."""
+  2^MASK_BITS), and the kept ones are scaled by the inverse of that word's keep probability.
+  `swap_last_axes`: under an rbg key, the words are drawn for `x`'s shape with its last two axes
+  swapped, then swapped back: the same independent words, in the order a layout that puts the
+  second-to-last axis minor keeps them, so RngBitGenerator's row-major output needs no relayout
+  copy before it is read (the attention weights (batch, heads, queries, keys): the TPU compiler
+  lays them out with the queries minor)."""
   rate: float
+  swap_last_axes: bool = False
 
   @nn.compact
   def __call__(self, x, deterministic: bool):
@@ -61,7 +67,12 @@ class Dropout(nn.Module):
     rng = self.make_rng("dropout")
     if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key) and str(jax.random.key_impl(rng)) == "rbg":
       cut = round(self.rate * 2 ** MASK_BITS)
-      keep = jax.random.bits(rng, x.shape, jnp.dtype(f"uint{MASK_BITS}")) >= cut
+      words = jnp.dtype(f"uint{MASK_BITS}")
+      if self.swap_last_axes and x.ndim >= 2:
+        bits = jax.random.bits(rng, x.shape[:-2] + (x.shape[-1], x.shape[-2]), words)
+        keep = jnp.swapaxes(bits, -1, -2) >= cut
+      else:
+        keep = jax.random.bits(rng, x.shape, words) >= cut
       kept = 1.0 - cut / 2 ** MASK_BITS
     else:
       kept = 1.0 - self.rate

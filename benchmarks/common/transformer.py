@@ -134,7 +134,7 @@ class Attention(nn.Module):
     logits = logits.astype(sf) + bias.astype(sf)
     logits = constrain(logits, ("batch", "heads", "length", None))
     w = jax.nn.softmax(logits).astype(dt)
-    w = Dropout(self.dropout)(w, deterministic=not train)
+    w = Dropout(self.dropout, swap_last_axes=True)(w, deterministic=not train)
     if not cache:
       o = constrain(jnp.einsum("bhqs,bshk->bqhk", w, v), HEADS)
     else:
