@@ -272,7 +272,8 @@ def run_main(fn):
     # (SIGSEGV, seen when stopped while compiling), so the process ends without it.
     sys.stderr.flush()
     os._exit(code)
-  multihost.exit_process(code)
+  multihost.exit_process(code, last[len("error: "):] if last and last.startswith("error: ")
+                         else "")
 
 
 if __name__ == "__main__":

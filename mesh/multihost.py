@@ -108,6 +108,8 @@ def die(error: RunEnded, claimed: bool = False) -> None:
     sys.stdout.flush()
     print(f"error: {error}", file=sys.stderr, flush=True)
     _last_words_said()
+    if _WATCH and not _WATCH["stop"].is_set():   # tell the others why (a hang: status 8)
+      _mark_failed_within(error.status, str(error))
   finally:
     os._exit(error.status)
 
@@ -188,7 +190,6 @@ def _watch_peers(coordinator_address: str, timeout_s: float) -> None:
   stop = threading.Event()
   interval = min(5.0, max(0.2, timeout_s / 10))
   key = f"{_ALIVE}{me}"
-  restart = "restart every process (--resume continues from the last checkpoint)"
 
   def read():
     if me == 0:
@@ -227,7 +228,7 @@ def _watch_peers(coordinator_address: str, timeout_s: float) -> None:
         if now - failing_since > timeout_s:
           die(PeerLost(f"lost the coordinator at {coordinator_address} (process 0): no answer "
                         f"for {timeout_s:g} s (--coordinator_timeout_s; last: "
-                        f"{str(e).strip().splitlines()[0][:200]}); {restart}"))
+                        f"{str(e).strip().splitlines()[0][:200]}); {_RESTART}"))
         stop.wait(interval)
         continue
       for p, (last, since) in seen.items():
@@ -235,9 +236,7 @@ def _watch_peers(coordinator_address: str, timeout_s: float) -> None:
         if stop.is_set():
           return
         if value and value.startswith("failed:"):
-          status, _, why = value[len("failed:"):].partition(":")
-          why = f": {why}" if why else f" (its own output says why); {restart}"
-          end(PeerLost(f"process {p} of {count} ended with status {status}{why}"))
+          end(PeerLost(_ended(p, count, value)))
         if value != last:
           seen[p] = (value, now)
         elif now - since > timeout_s:
@@ -246,7 +245,7 @@ def _watch_peers(coordinator_address: str, timeout_s: float) -> None:
                  "stopped sending heartbeats (killed, crashed or hung)")
           end(PeerLost(f"lost process {p} of {count}: it {how} {now - since:.0f} s ago, more "
                        f"than --coordinator_timeout_s={timeout_s:g} while process {me} still "
-                       f"runs; {restart}"))
+                       f"runs; {_RESTART}"))
       stop.wait(interval)
 
   def done():
@@ -257,8 +256,56 @@ def _watch_peers(coordinator_address: str, timeout_s: float) -> None:
       pass
 
   atexit.register(done)   # runs before jax's own atexit shutdown (registered earlier)
-  _WATCH.update(client=client, key=key, stop=stop, interval=interval, process=me)
+  _WATCH.update(client=client, key=key, stop=stop, interval=interval, process=me, count=count)
   threading.Thread(target=beat, name="meshperf-peer-watchdog", daemon=True).start()
+
+
+_RESTART = "restart every process (--resume continues from the last checkpoint)"
+
+
+def _ended(p: int, count: int, value: str) -> str:
+  """The line for peer `p`, which marked itself failed (`value`: "failed:STATUS:WHY")."""
+  status, _, why = value[len("failed:"):].partition(":")
+  why = f": {why}" if why else f" (its own output says why); {_RESTART}"
+  return f"process {p} of {count} ended with status {status}{why}"
+
+
+PEER_READ_S = 5.0    # how long a failed collective waits to read why a peer ended
+
+
+def _peer_ended() -> str | None:
+  """`_ended` for the first other process that marked itself failed, read once from the
+  coordination service (None if none did, or if the service does not answer in PEER_READ_S).
+  A peer marks itself before it exits, so when its exit fails a collective here, the mark is
+  there to read: the line names the peer and why it ended, not the broken connection."""
+  client, me, count = _WATCH["client"], _WATCH["process"], _WATCH.get("count", 0)
+  found: list[str] = []
+
+  def read():
+    for p in range(count):
+      if p == me:
+        continue
+      try:
+        value = client.key_value_try_get(f"{_ALIVE}{p}")
+      except Exception:     # NOT_FOUND (no beat yet), or the service is gone
+        continue
+      if value and value.startswith("failed:"):
+        found.append(_ended(p, count, value))
+        return
+
+  reader = threading.Thread(target=read, name="meshperf-peer-ended", daemon=True)
+  reader.start()
+  reader.join(PEER_READ_S)
+  return found[0] if found else None
+
+
+def _mark_failed_within(status: int, why: str = "") -> None:
+  """`_mark_failed` that gives up after its own wait and a few seconds more: a process ending
+  must end even when the coordination service does not answer (a frozen coordinator)."""
+  marker = threading.Thread(target=_mark_failed, args=(status, why), daemon=True,
+                            name="meshperf-mark-failed")
+  marker.start()
+  marker.join(2 * _WATCH["interval"] + 6)
 
 
 def _mark_failed(status: int, why: str = "", wait: bool = True) -> None:
@@ -276,11 +323,12 @@ def _mark_failed(status: int, why: str = "", wait: bool = True) -> None:
 _FAST_EXIT = (EXIT_CRASHED, EXIT_PEER_LOST)
 
 
-def exit_process(code: int):
+def exit_process(code: int, why: str = ""):
   """Ends the process with status `code` (`benchmarks.main.run_main` ends here).
 
   Multi-host, after a crash or a lost peer (statuses 3 and 6, which may hit one process only):
-  this process marks itself failed, so the others end at once (status 6, naming it) instead of
+  this process marks itself failed (with `why`, its `error:` line, for theirs), so the others
+  end at once (status 6, naming it) instead of
   waiting on it in a collective, and it skips jax's shutdown barrier, which would wait for them
   and then abort from C++. Every other status is an end all processes reach together (done,
   epoch limit, bad input, divergence, preemption, a failed checkpoint): a normal exit through
@@ -289,7 +337,7 @@ def exit_process(code: int):
     sys.exit(code)
   sys.stdout.flush()
   _last_words_said()
-  _mark_failed(code)
+  _mark_failed_within(code, why)
   os._exit(code)
 
 
@@ -301,12 +349,16 @@ def peer_lost(error: BaseException) -> PeerLost | None:
   """A PeerLost for an error of a multi-host run that says another process is gone or missing
   (a gloo collective that failed or timed out, the coordination service unreachable; jax raises
   them as JaxRuntimeError or ValueError); None for anything else (a bug: its traceback is
-  printed)."""
+  printed). When a peer marked itself failed before it went (`exit_process`, `die`), the
+  error names that peer and its reason instead of the broken connection."""
   if not _WATCH:
     return None
   first = (str(error).strip().splitlines() or [""])[0]
   if not _COLLECTIVE_LOST.search(str(error)):
     return None
+  named = _peer_ended()
+  if named is not None:
+    return PeerLost(named)
   return PeerLost(f"a collective with the other processes failed ({first[:300]}): another "
                   f"process died, hangs or reached it more than 30 s later; see the others' "
                   f"output, then restart every process (--resume continues from the last "

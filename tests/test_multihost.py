@@ -341,9 +341,12 @@ def test_three_processes_end_together(tmp_path):
   # Process 1 stuck outside any collective (its heartbeats go on), 0 and 2 waiting for it in
   # one: no process marks progress, so each watchdog fires within --hang_timeout_s (4 s) of
   # the others. Each ends with status 8 and a line naming itself and its last step, or, when a
-  # peer's ending reached it first, with status 6 naming that peer's; or, when process 0 (the
-  # coordinator) ended first, jax aborts it from C++ as in the killed-coordinator cluster
-  # (SIGABRT: seen once in a full suite, 2 of 3 with status 8).
+  # peer's ending reached it first, with status 6 naming that peer's status 8 (through process
+  # 0's status 6 when process 1 read process 0's mark: each process reads process 0's only);
+  # or, when process 0 (the coordinator) ended first, jax aborts it from C++ as in the
+  # killed-coordinator cluster (SIGABRT: seen once in a full suite, 2 of 3 with status 8). A
+  # peer's ending that fails this process's collective first is named too (CI once saw the
+  # broken connection named instead, before `multihost.peer_lost` read the peer's mark).
   hung = [p.returncode for p in clusters["hang"]]
   said = [err(f"hang{i}") for i in range(3)]
   assert hung[0] == 8 or hung[0] == 6, said                  # the coordinator ends itself
@@ -360,8 +363,9 @@ def test_three_processes_end_together(tmp_path):
                       rf"after step \d+, while step \d+: a stuck", lines[0]), lines[0]
       assert "summary written" in _read(tmp_path, f"hang{i}.out")
     else:
-      assert re.match(r"error: process \d of 3 ended with status 8: process \d of 3: no "
-                      r"progress", lines[0]), lines[0]
+      assert re.match(r"error: (process 0 of 3 ended with status 6: )?process \d of 3 "
+                      r"ended with status 8: process \d of 3: no progress",
+                      lines[0]), lines[0]
 
   # Usually jax aborts them from C++ first (SIGABRT); on a loaded machine the watchdog or the
   # failed collective can see the coordinator gone first and end them with status 6, their own
@@ -450,3 +454,100 @@ def test_last_line_is_ours_when_the_runtime_logs_while_ending(tmp_path):
   assert p.returncode == 6, p.stderr
   assert p.stderr.strip().splitlines() == [
       "error: a collective with the other processes failed"], p.stderr
+
+
+class _Service:
+  """A coordination client's key-value calls, as `multihost._watch_peers` uses them: `marks`
+  (key -> value) to read; `frozen`: every read waits forever (a stopped coordinator)."""
+
+  def __init__(self, marks, frozen=False):
+    self.marks, self.frozen = dict(marks), frozen
+
+  def key_value_try_get(self, key):
+    if self.frozen:
+      time.sleep(3600)
+    if key not in self.marks:
+      raise RuntimeError(f"NOT_FOUND: {key}")
+    return self.marks[key]
+
+
+def _watching(monkeypatch, service, process=0):
+  from mesh import multihost
+  monkeypatch.setattr(multihost, "_WATCH", {"client": service, "process": process, "count": 3})
+  return multihost
+
+
+_BROKEN = RuntimeError("UNKNOWN: Gloo all-reduce failed: [external/gloo/gloo/transport/tcp/"
+                       "pair.cc:547] Connection closed by peer [127.0.0.1]:30642")
+
+
+def test_a_failed_collective_names_the_peer_that_ended(monkeypatch):
+  """A peer that ends marks itself failed first, then exits and breaks the collective this
+  process waits in: the error names the peer and why it ended, not the connection (CI once
+  printed the connection when process 2's hang watchdog ended it first)."""
+  multihost = _watching(monkeypatch, _Service({
+      "meshperf/alive/1": "17",
+      "meshperf/alive/2": "failed:8:process 2 of 3: no progress for 4 s (--hang_timeout_s=4)"}))
+  lost = multihost.peer_lost(_BROKEN)
+  assert lost.status == 6
+  assert str(lost) == ("process 2 of 3 ended with status 8: process 2 of 3: no progress for "
+                       "4 s (--hang_timeout_s=4)")
+  lost = _watching(monkeypatch, _Service({"meshperf/alive/0": "failed:3:"}), 1).peer_lost(_BROKEN)
+  assert str(lost).startswith("process 0 of 3 ended with status 3 (its own output says why); "
+                              "restart every process"), lost
+
+
+def test_a_failed_collective_without_a_mark_names_the_connection(monkeypatch):
+  """No peer marked itself failed (killed), or the service does not answer (frozen): the
+  broken connection, within the read's deadline."""
+  for service in (_Service({"meshperf/alive/1": "17"}), _Service({}, frozen=True)):
+    multihost = _watching(monkeypatch, service)
+    monkeypatch.setattr(multihost, "PEER_READ_S", 0.5)
+    t = time.monotonic()
+    lost = multihost.peer_lost(_BROKEN)
+    assert time.monotonic() - t < 5
+    assert str(lost).startswith("a collective with the other processes failed (UNKNOWN: Gloo "
+                                "all-reduce failed"), lost
+  assert multihost.peer_lost(ValueError("a bug")) is None
+
+
+_MARKS = '''
+import sys, threading
+from benchmarks.main import run_main
+from mesh import errors, multihost
+
+class Client:
+  """Records what this process tells the others."""
+  def key_value_set(self, key, value, allow_overwrite=False):
+    with open(sys.argv[2], "a") as f:
+      f.write(f"{key}={value}\\n")
+
+multihost._WATCH.update(client=Client(), key="meshperf/alive/1", stop=threading.Event(),
+                        interval=0.2, process=1, count=3)
+
+def main(argv):
+  if argv[1] == "hung":     # as the hang watchdog ends a process, from its thread
+    threading.Thread(target=multihost.die, args=(errors.Hung("process 1 of 3: no progress"),),
+                     kwargs={"claimed": multihost.claim_ending()}).start()
+    threading.Event().wait()
+  raise errors.PeerLost("lost process 2 of 3: it stopped sending heartbeats")
+
+run_main(main)
+'''
+
+
+@pytest.mark.slow
+def test_an_ending_tells_the_others_why(tmp_path):
+  """A process that ends on its own (a hang: status 8; a lost peer: 6) marks itself failed with
+  its `error:` line, which the others' lines then carry."""
+  script = tmp_path / "marks.py"
+  script.write_text(_MARKS)
+  for how, status, line in (("hung", 8, "process 1 of 3: no progress"),
+                            ("lost", 6, "lost process 2 of 3: it stopped sending heartbeats")):
+    marks = tmp_path / f"{how}.marks"
+    p = subprocess.run([sys.executable, str(script), how, str(marks)], cwd=ROOT,
+                       env={**_env(x64=False), "PYTHONPATH": ROOT}, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == status, p.stderr
+    assert p.stderr.strip().splitlines() == [f"error: {line}"], p.stderr
+    assert marks.read_text().splitlines() == [f"meshperf/alive/1=failed:{status}:{line}"]
