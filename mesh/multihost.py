@@ -328,11 +328,10 @@ def exit_process(code: int, why: str = ""):
 
   Multi-host, after a crash or a lost peer (statuses 3 and 6, which may hit one process only):
   this process marks itself failed (with `why`, its `error:` line, for theirs), so the others
-  end at once (status 6, naming it) instead of
-  waiting on it in a collective, and it skips jax's shutdown barrier, which would wait for them
-  and then abort from C++. Every other status is an end all processes reach together (done,
-  epoch limit, bad input, divergence, preemption, a failed checkpoint): a normal exit through
-  the barrier."""
+  end at once (status 6, naming it) instead of waiting on it in a collective, and it skips
+  jax's shutdown barrier, which would wait for them and then abort from C++. Every other
+  status is an end all processes reach together (done, epoch limit, bad input, divergence,
+  preemption, a failed checkpoint): a normal exit through the barrier."""
   if not _WATCH or code not in _FAST_EXIT:
     sys.exit(code)
   sys.stdout.flush()
