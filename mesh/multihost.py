@@ -278,7 +278,7 @@ def _peer_ended() -> str | None:
   coordination service (None if none did, or if the service does not answer in PEER_READ_S).
   A peer marks itself before it exits, so when its exit fails a collective here, the mark is
   there to read: the line names the peer and why it ended, not the broken connection."""
-  client, me, count = _WATCH["client"], _WATCH["process"], _WATCH.get("count", 0)
+  client, me, count = _WATCH["client"], _WATCH["process"], _WATCH["count"]
   found: list[str] = []
 
   def read():
