@@ -88,7 +88,7 @@ case "$verb" in
     exec "$VENV/bin/python" -m logs.compliance "$@" ;;
   package)
     shift; bootstrap
-    exec "$VENV/bin/python" -m logs.package "$@" ;;
+    exec "$VENV/bin/python" -m tools.package "$@" ;;
   install)
     shift; bootstrap
     case "${1:-}" in
@@ -102,29 +102,29 @@ case "$verb" in
   ablate)
     shift; bootstrap
     if wants_topology "$@"; then install_extra tpu; fi
-    exec "$VENV/bin/python" -m benchmarks.sweep.ablate "$@" ;;
+    exec "$VENV/bin/python" -m tools.sweep.ablate "$@" ;;
   sweep)
     shift; bootstrap
     if wants_topology "$@"; then install_extra tpu; fi
-    exec "$VENV/bin/python" -m benchmarks.sweep "$@" ;;
+    exec "$VENV/bin/python" -m tools.sweep "$@" ;;
   dryrun)
     shift; bootstrap
     if [[ "$*" == *--config=tpu* ]] || wants_topology "$@"; then install_extra tpu; fi
-    exec "$VENV/bin/python" -m benchmarks.pod.dryrun "$@" ;;
+    exec "$VENV/bin/python" -m tools.pod.dryrun "$@" ;;
   scale)
     shift; bootstrap; install_extra tpu
-    exec "$VENV/bin/python" -m benchmarks.pod.scale "$@" ;;
+    exec "$VENV/bin/python" -m tools.pod.scale "$@" ;;
   perf)
     shift; bootstrap
-    exec "$VENV/bin/python" -m benchmarks.perf "$@" ;;
+    exec "$VENV/bin/python" -m tools.perf "$@" ;;
   throughput)
     shift; bootstrap
-    exec "$VENV/bin/python" -m benchmarks.perf.synthetic "$@" ;;
+    exec "$VENV/bin/python" -m tools.perf.synthetic "$@" ;;
   prepare)
     shift; bootstrap
-    exec "$VENV/bin/python" -m benchmarks.prepare.cli "$@" ;;
+    exec "$VENV/bin/python" -m tools.prepare.cli "$@" ;;
   *)
     shift; bootstrap
     if wants_topology "$@"; then install_extra tpu; fi
-    exec "$VENV/bin/python" -m benchmarks.main "$verb" "$@" ;;
+    exec "$VENV/bin/python" -m harness.cli "$verb" "$@" ;;
 esac

@@ -1,7 +1,7 @@
 """Configs as data: frozen dataclasses, presets by name, overrides from flags.
 
 Every benchmark's Config extends `Common`. Each field can be overridden by an absl flag of the
-same name (`benchmarks.main` defines one flag per field), so presets are plain data.
+same name (`harness.cli` defines one flag per field), so presets are plain data.
 This module does not import jax: `num_cpu_devices` must act before jax starts.
 """
 
@@ -15,7 +15,7 @@ import re
 import tempfile
 from typing import Any, Callable, Iterable
 
-from mesh.errors import UserError
+from runtime.errors import UserError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,7 +33,7 @@ class Common:
                                     # (STATE_LAYOUTS): default, jax's; auto, the compiler's choice
   xla_flags: str = ""               # XLA flags the run adds to XLA_FLAGS before jax starts
   libtpu_flags: str = ""            # the TPU compiler's flags the run adds to LIBTPU_INIT_ARGS
-                                    # before libtpu loads (`mesh.tpu_flags`)
+                                    # before libtpu loads (`runtime.tpu_flags`)
   # Run length and evaluation.
   global_batch_size: int = 64
   eval_batch_size: int = 0          # 0: same as global_batch_size

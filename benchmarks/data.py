@@ -5,7 +5,7 @@ global arrays. Eval batches carry a `mask` (1 for real examples, 0 for padding) 
 counts exactly once whatever the device and process count.
 
 A dataset can also be *described* without being read (`described`): its published sizes and one
-batch's field shapes, all a compile-only run of a pod needs (`benchmarks.pod.compile_only`).
+batch's field shapes, all a compile-only run of a pod needs (`harness.compile_only`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from mesh import devices, scratch
-from mesh.errors import UserError
+from runtime import backend, scratch
+from runtime.errors import UserError
 
 Batch = dict[str, np.ndarray]
 
@@ -171,9 +171,9 @@ def text_lines(path: str, what: str) -> list[str]:
 def check_image_batches(cfg, process_count: int, bytes_per_value: int) -> None:
   """A batch of `cfg.image_size` square RGB images (train or eval, the larger), two of them (one
   in the step and the next being made, at least), fits in this host's available memory: refused
-  in one line before anything is sized by the image (`mesh.devices.check_host_fits`)."""
+  in one line before anything is sized by the image (`runtime.backend.check_host_fits`)."""
   local = max(cfg.global_batch_size, cfg.eval_batch_size or cfg.global_batch_size) // process_count
-  devices.check_host_fits(2 * local * cfg.image_size ** 2 * 3 * bytes_per_value,
+  backend.check_host_fits(2 * local * cfg.image_size ** 2 * 3 * bytes_per_value,
                           f"--image_size={cfg.image_size} with batches of {local:,} images per "
                           f"host", "lower --image_size or the batch sizes, or run on more hosts")
 

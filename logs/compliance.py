@@ -50,7 +50,7 @@ def _record(line: str) -> dict | None:
 def read_log(path: str) -> list[dict]:
   """The records of an MLPerf log; UserError when it is not one, or a line is cut off (a run
   that crashed while writing leaves its last line half written)."""
-  from mesh.errors import UserError
+  from runtime.errors import UserError
   try:
     with open(path, encoding="utf-8", errors="replace") as f:
       lines = f.read().splitlines()
@@ -129,7 +129,7 @@ def find_logs(path: str) -> list[str]:
 
 def check_path(path: str, rulesets: tuple[str, ...] | None = None) -> list[CheckResult]:
   """Checks a file or every result_*.txt under a folder. Raises UserError on a bad path."""
-  from mesh.errors import UserError
+  from runtime.errors import UserError
   if not os.path.exists(path):
     raise UserError(f"{path} does not exist; pass a result_*.txt file or a run's output folder")
   logs = find_logs(path)
@@ -158,7 +158,7 @@ one failed or a log is not a result, 2 on bad input."""
 
 
 def main(argv: list[str]) -> int:
-  from mesh.errors import UserError
+  from runtime.errors import UserError
   if argv and argv[0] in ("-h", "--help", "-help", "--helpfull"):
     print(HELP)
     return 0

@@ -2,7 +2,7 @@
 
 - TensorBoard events in `<output_dir>/tensorboard/run_<run_index>/`, written with tensorboardX
   (TensorBoard's event-file format without TensorFlow). The loop keeps training metrics on the
-  device and fetches them once per window (`benchmarks.loop.stops.MetricsWindow`); `window()`
+  device and fetches them once per window (`harness.stops.MetricsWindow`); `window()`
   writes each fetched step's metrics (`train/loss`, `train/lr`, ...) at its global step, and per
   window `perf/step_s` and `perf/examples_per_s`; `evaluation()` writes `eval/quality` (the
   benchmark's metric, as summary.json's "quality") and `eval/seconds`. Global steps, so a
@@ -30,7 +30,7 @@ import sys
 import time
 from typing import Any
 
-from mesh.errors import UserError
+from runtime.errors import UserError
 
 MAX_PLOT_POINTS = 4000      # loss points drawn (evenly thinned beyond): the PNG stays < 1 s
 
@@ -162,7 +162,7 @@ class Observer:
     """A fetched window (`MetricsWindow.fetched`: each step's (global step, metrics on the host)),
     `step_times` with the window's per-step seconds at its end. Each step's metrics at its
     step; step time and examples/s once, at the window's last step, and the rest of what
-    `rates` (a `benchmarks.loop.throughput.Throughput`) gives: per-device examples/s, tokens/s,
+    `rates` (a `harness.throughput.Throughput`) gives: per-device examples/s, tokens/s,
     model TFLOP/s and MFU."""
     if self._events is None or not fetched:
       return

@@ -1,6 +1,6 @@
 """What a set of result logs says, and what the machine says about itself: times to train and
 the MLPerf score of a series of runs (`./run.sh <benchmark> --num_runs=N`, `./run.sh package`),
-and the system description a submission package carries (`logs.package`). No jax here.
+and the system description a submission package carries (`tools.package`). No jax here.
 
 Score: MLPerf training rules, "Benchmark Results"
 (https://github.com/mlcommons/training_policies/blob/master/training_rules.adoc): "Each
@@ -37,7 +37,7 @@ class RunTime:
 def run_time(path: str, records: list[dict] | None = None) -> RunTime:
   """The run of a result log (UserError when it is not a whole log with run_start and run_stop).
   `records`: the log's records when the caller has read them already (`compliance.read_log`)."""
-  from mesh.errors import UserError
+  from runtime.errors import UserError
   records = compliance.read_log(path) if records is None else records
   at = {r["key"]: r for r in records if r["key"] in ("run_start", "run_stop", "seed")}
   if "run_start" not in at or "run_stop" not in at:

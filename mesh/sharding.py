@@ -18,8 +18,8 @@ import jax
 from flax import linen as nn
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from mesh.errors import UserError
 from mesh.spec import Layout
+from runtime.errors import UserError
 
 Names = tuple[str | None, ...]
 

@@ -15,7 +15,7 @@ import math
 import re
 from typing import Iterable
 
-from mesh.errors import UserError
+from runtime.errors import UserError
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SIZE = re.compile(r"-?[0-9]+")

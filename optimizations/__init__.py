@@ -5,7 +5,7 @@ logical dimensions it acts on (`needs`) and `apply(plan, mesh, arg) -> plan`, wh
 it can apply (raising UserError otherwise) and returns the step plan with its change: a layout
 rule, a gradient reduction, an update rule, a wrapper of the gradient function, the eval
 placement. `arg` is the text after `:` (`grad_accum:4`), None when absent. The step builder
-(`benchmarks/loop/step.py`) composes the plan's parts without knowing which optimization set them;
+(`harness/step.py`) composes the plan's parts without knowing which optimization set them;
 models never see optimizations, and optimizations only speak to the mesh core.
 
 A benchmark declares the logical dimensions its model and data have (`DIMENSIONS` in its
@@ -28,8 +28,8 @@ import math
 from typing import Any, Callable
 
 from mesh.collectives import Reduction
-from mesh.errors import UserError
 from mesh.spec import Layout, MeshSpec
+from runtime.errors import UserError
 
 _MODULES = ("spatial_partitioning", "grad_sum_2d", "weight_update_sharding",
             "bfloat16_grad_sum", "grad_accum", "fsdp", "distributed_eval")

@@ -35,9 +35,9 @@ import dataclasses
 
 import jax
 
-from mesh.errors import UserError
 from optimizations import Optimization, Plan, flat_reduction
 from optimizations.weight_update_sharding import ShardedUpdate
+from runtime.errors import UserError
 
 
 @dataclasses.dataclass(frozen=True)

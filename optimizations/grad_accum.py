@@ -18,8 +18,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from mesh.errors import UserError
 from optimizations import Optimization, Plan, flat_reduction
+from runtime.errors import UserError
 
 
 def accumulate(k: int):

@@ -5,8 +5,8 @@ instead of one all-reduce over every replica (Kumar et al., MLPerf-0.6 on TPU-v3
 import dataclasses
 
 from mesh.collectives import Reduction
-from mesh.errors import UserError
 from optimizations import Optimization, Plan
+from runtime.errors import UserError
 
 
 def apply(plan: Plan, mesh, arg=None) -> Plan:

@@ -4,9 +4,9 @@
 
 import dataclasses
 
-from mesh.errors import UserError
 from mesh.spec import Layout
 from optimizations import Optimization, Plan
+from runtime.errors import UserError
 
 
 def apply(plan: Plan, mesh, arg=None) -> Plan:

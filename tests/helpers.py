@@ -10,11 +10,11 @@ import optax
 import pytest
 from flax import linen as nn
 
-from benchmarks import main as cli
-from benchmarks.loop import step as step_lib
-from benchmarks.loop.build import build_sharder
 from benchmarks.resnet import suite
 from benchmarks.resnet.config import PRESETS
+from harness import cli
+from harness import step as step_lib
+from harness.build import build_sharder
 from mesh import devices
 from mesh.sharding import Sharder
 from mesh.spec import parse_layout, parse_mesh
@@ -112,7 +112,7 @@ def assert_described_like_read(described, read):
 
 
 def run_here(module: str, args, capfd) -> tuple[int, str, str]:
-  """An entry point's `main` (`benchmarks.main`, `benchmarks.sweep.cli`, ...) called in this
+  """An entry point's `main` (`harness.cli`, `tools.sweep.cli`, ...) called in this
   process with `args` as `run_main` calls it: (exit status, stdout, stderr with the last words
   `run_main` would write). Its flags are parsed on a fresh set of its own, so many command lines
   run in one process; jax is this process's (8 simulated CPU devices)."""

@@ -22,23 +22,23 @@ import pytest
 from benchmarks.common import grammar, weights
 from benchmarks.lm.data import write_lm1b
 from benchmarks.transformer.data import write_wmt14
-from mesh.errors import UserError
+from runtime.errors import UserError
 from tests import helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VERBS = {"main": [sys.executable, "-m", "benchmarks.main"],
-         "ablate": [sys.executable, "-m", "benchmarks.sweep.ablate"],
-         "sweep": [sys.executable, "-m", "benchmarks.sweep"],
-         "scale": [sys.executable, "-m", "benchmarks.pod.scale"],
-         "throughput": [sys.executable, "-m", "benchmarks.perf.synthetic"],
-         "prepare": [sys.executable, "-m", "benchmarks.prepare.cli"],
+VERBS = {"main": [sys.executable, "-m", "harness.cli"],
+         "ablate": [sys.executable, "-m", "tools.sweep.ablate"],
+         "sweep": [sys.executable, "-m", "tools.sweep"],
+         "scale": [sys.executable, "-m", "tools.pod.scale"],
+         "throughput": [sys.executable, "-m", "tools.perf.synthetic"],
+         "prepare": [sys.executable, "-m", "tools.prepare.cli"],
          "run.sh": [os.path.join(ROOT, "run.sh")]}
 # The same entry points called in this process (`tests.helpers.run_here`: each parses its flags
 # on a fresh set of its own, and ends as `run_main` ends): about 0.1-1 s a case instead of a
 # Python process that imports jax (4-6 s).
-IN_PROCESS = {"main": "benchmarks.main", "ablate": "benchmarks.sweep.ablate",
-              "sweep": "benchmarks.sweep.cli", "scale": "benchmarks.pod.scale",
-              "throughput": "benchmarks.perf.synthetic", "prepare": "benchmarks.prepare.cli"}
+IN_PROCESS = {"main": "harness.cli", "ablate": "tools.sweep.ablate",
+              "sweep": "tools.sweep.cli", "scale": "tools.pod.scale",
+              "throughput": "tools.perf.synthetic", "prepare": "tools.prepare.cli"}
 # What a case in this process cannot do: the shell script; simulated devices other than this
 # process's 8 (jax starts once per process); libtpu's TPU topologies; multi-host starts; XLA
 # flags (XLA reads them when jax starts), which the GPU presets set.
@@ -638,7 +638,7 @@ def test_bad_environment(inputs, tmp_path, env, args, needle):
 def test_a_second_run_on_the_same_output_folder_refuses(tmp_path, monkeypatch):
   """While a run holds its --output_dir (here this process holds the lock the run would), a
   second run there refuses in one line before it compiles; the lock goes with its holder."""
-  from benchmarks.loop import outputs
+  from harness import outputs
   cache, out, cwd = tmp_path / "cache", tmp_path / "out", tmp_path / "cwd"
   cwd.mkdir()
   monkeypatch.setenv("MESHPERF_CACHE", str(cache))

@@ -11,8 +11,8 @@ import subprocess
 import pytest
 
 from benchmarks.lm.config import PRESETS as LM_PRESETS
-from mesh import topology
-from mesh.errors import UserError
+from runtime.errors import UserError
+from stepmodel import topology
 from tests import helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,7 +47,7 @@ def _tiny_resnet(**kw):
 
 @pytest.fixture(scope="module")
 def resnet_v3():
-  from benchmarks.pod import compile_only
+  from harness import compile_only
   topology.prepare_host()
   return compile_only.analyze("resnet", _tiny_resnet(), "v3:2x2", say=lambda s: None)
 
@@ -159,7 +159,7 @@ def test_the_compile_cache_reuses_programs_until_their_code_changes(tmp_path, mo
   compile); a changed source file that compiled it makes it compile again."""
   import gzip
 
-  from benchmarks.pod import compile_only
+  from harness import compile_only
   cfg = helpers.tiny_resnet()
   quiet = lambda s: None                                          # noqa: E731
   first = compile_only.analyze("resnet", cfg, None, say=quiet, cache_dir=str(tmp_path))
@@ -177,12 +177,13 @@ def test_the_compile_cache_reuses_programs_until_their_code_changes(tmp_path, mo
                                say=quiet, cache_dir=str(tmp_path))
   assert compiles == [1] and other["train"]["flops_per_device"] != first["train"][
       "flops_per_device"]
-  from benchmarks.pod import compile_cache
+  from harness import compile_cache
   entry = compile_cache.path_of(str(tmp_path), compile_cache.cache_key(
       "resnet", cfg, None, True, compile_cache.versions()))
   with gzip.open(entry, "rt") as f:
     data = json.load(f)
-  assert "benchmarks/resnet/model.py" in data["code"] and "mesh/steptime.py" not in data["code"]
+  assert "benchmarks/resnet/model.py" in data["code"]
+  assert "stepmodel/steptime.py" not in data["code"]
   data["code"]["benchmarks/resnet/model.py"] = "0" * 64                # as if it was edited
   with gzip.open(entry, "wt") as f:
     json.dump(data, f)
@@ -197,7 +198,7 @@ def test_loop_trips_counted_in_tpu_programs():
   """TPU HLO drops fori_loop's known_trip_count; the trips are read from the loop (i < 2 from
   0), so gradient accumulation's 2 micro-batches count the FLOPs of the whole batch (XLA's
   cost analysis alone counts the loop body once: half)."""
-  from benchmarks.pod import compile_only
+  from harness import compile_only
   topology.prepare_host()
   out = {}
   for opts in ("none", "grad_accum:2"):
@@ -217,7 +218,8 @@ def test_scale_predicts_a_points_file_of_ones_own(tmp_path):
   process with them, and its weight-update sharding's all-gathers are asynchronous there
   (`all-gather-start`), the first point's not."""
   from benchmarks.config import TPU_ASYNC_COLLECTIVES
-  from benchmarks.pod import compile_cache, points, scale
+  from harness import compile_cache
+  from tools.pod import points, scale
   topology.prepare_host()
   path = tmp_path / "mine.json"
   point = {

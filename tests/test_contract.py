@@ -10,8 +10,8 @@ import pytest
 
 from benchmarks import registry
 from benchmarks.config import Common
-from benchmarks.loop import outputs, train
 from benchmarks.task import Spec
+from harness import outputs, train
 from logs import compliance
 
 NAMES = sorted(registry.BENCHMARKS)

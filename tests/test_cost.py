@@ -11,7 +11,7 @@ import pytest
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from mesh import cost
+from stepmodel import cost
 
 
 def _compiled():
@@ -258,7 +258,7 @@ def test_tpu_collective_permute_pairs():
 def test_loops_count_their_trips():
   """cost_analysis counts a loop body once; `analyze` adds the other trips' dots (and
   convolutions) and counts a collective in a loop once per trip."""
-  from mesh import hlo
+  from stepmodel import hlo
   mesh = jax.make_mesh((8,), ("x",), axis_types=(AxisType.Explicit,))
   w = jnp.ones((128, 128))
   matmul = 2 * 64 * 128 * 128
@@ -297,7 +297,7 @@ def test_loops_count_their_trips():
 def test_a_loop_that_ends_on_a_condition_runs_the_bound_it_is_given():
   """A while_loop whose end depends on data (like beam search) shows no trip count; its body
   counts once, or as many times as the caller's bound says."""
-  from mesh import hlo
+  from stepmodel import hlo
   w = jnp.ones((128, 128))
 
   def f(a):

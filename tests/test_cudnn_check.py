@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from benchmarks.common import cudnn_check
-from mesh.errors import UserError
+from runtime.errors import UserError
 
 
 @pytest.fixture(autouse=True)
@@ -44,7 +44,7 @@ def test_agreement_is_checked_once_per_process():
 
 
 def test_the_comparison_off_a_gpu_is_one_error_line():
-  r = subprocess.run([sys.executable, "-m", "benchmarks.perf.cudnn_attention"],
+  r = subprocess.run([sys.executable, "-m", "tools.perf.cudnn_attention"],
                      capture_output=True, text=True, timeout=300)
   assert r.returncode == 2, r.stderr[-2000:]
   lines = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]

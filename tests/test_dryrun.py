@@ -1,4 +1,4 @@
-"""`./run.sh dryrun` (`benchmarks/pod/dryrun.py`) and the RCP lookup it shares with `package`
+"""`./run.sh dryrun` (`tools/pod/dryrun.py`) and the RCP lookup it shares with `package`
 (`logs/rcp.py`).
 
 The RCP figures are checked against the RCP file itself, read here (the checker's olympic mean:
@@ -46,7 +46,7 @@ def test_rcp_lookup_found_interpolated_below_and_missing():
 
 
 def test_init_budget_is_the_checkers():
-  from benchmarks.pod import dryrun
+  from tools.pod import dryrun
   assert dryrun.init_budget_minutes("6.1.0", "closed") == 30
   assert dryrun.init_budget_minutes("6.1.0", "open") == 240
   assert dryrun.init_budget_minutes("0.7.0", "closed") is None
@@ -54,7 +54,7 @@ def test_init_budget_is_the_checkers():
 
 def _dryrun(tmp_path, *args):
   env = {**os.environ, "MESHPERF_CACHE": str(tmp_path / "cache")}
-  return subprocess.run([sys.executable, "-m", "benchmarks.pod.dryrun", *args,
+  return subprocess.run([sys.executable, "-m", "tools.pod.dryrun", *args,
                          f"--output_dir={tmp_path / 'out'}", "--compile_cache="],
                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
 

@@ -1,4 +1,4 @@
-"""benchmarks/pod/google_v06.py: Google's v0.6 figures, derived from a fake training_results_v0.6
+"""tools/pod/google_v06.py: Google's v0.6 figures, derived from a fake training_results_v0.6
 tree written here in the real formats (`:::MLL` log lines as Google's runners print them,
 run_and_time.sh command lines, the SSD constants), with timings chosen so that the train step,
 evaluation, scoring, start and tail are known by construction."""
@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from benchmarks.pod import google_v06 as g
+from tools.pod import google_v06 as g
 
 FILES = {"resnet": "/tmp/code_dir-resnet/staging/models/rough/resnet/train_and_eval_runner.py",
          "ssd": "/tmp/code_dir-ssd/staging/models/rough/ssd/train_and_eval_low_level_runner.py",
@@ -295,7 +295,7 @@ def test_main_writes_rounded_json(repo, tmp_path, capsys):
   out = tmp_path / "google_v06.json"
   assert g.main([f"--repo={repo}", "--commit=abc1234", f"--output={out}"]) == 0
   doc = json.loads(out.read_text())
-  assert doc["source"]["derived_by"].startswith("python -m benchmarks.pod.google_v06 --repo=")
+  assert doc["source"]["derived_by"].startswith("python -m tools.pod.google_v06 --repo=")
   m = next(p for p in doc["points"] if p["benchmark"] == "resnet")["measured"]
   assert m["train_step_ms"] == round(m["train_step_ms"], 1)
   assert m["startup_s"] == round(m["startup_s"], 3)

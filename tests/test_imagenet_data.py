@@ -6,9 +6,9 @@ import sys
 import numpy as np
 import pytest
 
-from benchmarks.loop import outputs, train
 from benchmarks.resnet import data as data_lib
-from mesh.errors import UserError
+from harness import outputs, train
+from runtime.errors import UserError
 from tests import helpers
 from tests.conftest import IMAGENET_EVAL as N_EVAL
 from tests.conftest import IMAGENET_TRAIN as N_TRAIN

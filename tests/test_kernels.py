@@ -1,6 +1,6 @@
-"""Per-kernel pricing (`mesh.kernels`) and the step model's schedule (`mesh.steptime`), against
-figures counted by hand: tiled layouts, dot and convolution FLOPs, HBM bytes of fusions, loop
-trips, slices and in-place updates, on programs the TPU compiler (libtpu) compiled for one
+"""Per-kernel pricing (`stepmodel.kernels`) and the step model's schedule (`stepmodel.steptime`),
+against figures counted by hand: tiled layouts, dot and convolution FLOPs, HBM bytes of fusions,
+loop trips, slices and in-place updates, on programs the TPU compiler (libtpu) compiled for one
 TensorCore of a v3 slice here."""
 
 import os
@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-from mesh import hardware, hlo, kernels, steptime
+from stepmodel import accelerators as hardware
+from stepmodel import hlo, kernels, steptime
 
 V3 = hardware.GENERATIONS["v3"]
 
@@ -352,8 +353,8 @@ ENTRY %main (x: f32[4,1024], y: f32[1024,1024]) -> (f32[1,1024], f32[1024,1024],
 def test_asynchronous_collectives_pair_their_halves_by_the_collective_they_run():
   """An all-reduce-start/-done pair and a reduce-scatter wrapped in async-start/-done, around
   one kernel: both start before it and are waited for after it, under the names
-  `mesh.cost.collectives` prices them by."""
-  from mesh import cost
+  `stepmodel.cost.collectives` prices them by."""
+  from stepmodel import cost
   program = kernels.steps(ASYNC)
   seq = program["computations"]["main"]
   assert [(s["kind"], s.get("name"), s.get("start")) for s in seq] == [
@@ -397,7 +398,7 @@ def test_an_all_reduce_scatter_fusion_is_a_synchronous_reduce_scatter_not_a_kern
   """libtpu runs a kCustom fusion of an all-reduce whose result it slices as one reduce-scatter:
   the schedule waits for it under the fusion's name, it is priced by its shard (the slice it
   returns), and it is not a kernel whose only cost is HBM traffic."""
-  from mesh import cost
+  from stepmodel import cost
   program = kernels.steps(FUSED)
   seq = program["computations"]["main"]
   assert [(s["kind"], s.get("name"), s.get("op")) for s in seq] == [

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from benchmarks.llama import indexed
-from mesh.errors import UserError
+from runtime.errors import UserError
 
 
 def test_the_written_index_is_megatrons_layout_byte_for_byte(tmp_path):

@@ -13,7 +13,7 @@ from benchmarks.common import tokenizer as tok_lib
 from benchmarks.common.tokenizer import EOS
 from benchmarks.lm import data as data_lib
 from benchmarks.lm.config import PRESETS, validate
-from mesh.errors import UserError
+from runtime.errors import UserError
 
 TRAIN = data_lib.grammar_lines(400, 5, True)
 EVAL = data_lib.grammar_lines(40, 6, True)

@@ -18,7 +18,7 @@ from benchmarks.lm import data as data_lib
 from benchmarks.lm import suite
 from benchmarks.lm.config import LAYOUTS, PRESETS, validate
 from benchmarks.lm.model import LanguageModel
-from mesh.errors import UserError
+from runtime.errors import UserError
 
 
 def _model(**kw):

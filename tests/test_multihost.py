@@ -64,7 +64,7 @@ def _free_port() -> int:
 
 def _start(args, out, name, x64=True):
   """A run with its stdout and stderr in out/<name>.out and out/<name>.err."""
-  return subprocess.Popen([sys.executable, "-m", "benchmarks.main", *args], cwd=ROOT,
+  return subprocess.Popen([sys.executable, "-m", "harness.cli", *args], cwd=ROOT,
                           env=_env(x64), stdout=open(out / f"{name}.out", "w"),
                           stderr=open(out / f"{name}.err", "w"), text=True)
 
@@ -243,15 +243,15 @@ def test_killed_peer_ends_the_other(tmp_path):
 
 
 # Three processes of a loop of tiny collectives (no model: seconds to start), ending through
-# benchmarks.main.run_main like a run.
+# harness.cli.run_main like a run.
 _WORKER = '''
 import sys, time
-from benchmarks.main import run_main
-from mesh import devices, multihost
+from harness.cli import run_main
+from runtime import backend, multihost
 
 def main(argv):
   port, n, me, role = argv[1], int(argv[2]), int(argv[3]), argv[4]
-  devices.use_cpu_devices(1)
+  backend.use_cpu_devices(1)
   multihost.maybe_initialize_distributed(f"127.0.0.1:{port}", n, me, 6)
   import jax, numpy as np
   from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -259,7 +259,7 @@ def main(argv):
   total = jax.jit(lambda x: x.sum(), out_shardings=NamedSharding(mesh, P()))
   x = jax.make_array_from_callback((n,), NamedSharding(mesh, P("d")), lambda i: np.ones(n)[i])
   float(total(x))
-  from benchmarks.loop.watchdog import Watchdog
+  from harness.watchdog import Watchdog
   watchdog = Watchdog(4 if role in ("stuck", "watch") else 0, f"process {me} of {n}",
                       lambda detail: print("summary written", flush=True))
   print("training", flush=True)
@@ -387,8 +387,8 @@ def test_three_processes_end_together(tmp_path):
 
 _TWO_ENDINGS = '''
 import threading
-from benchmarks.main import run_main
-from mesh import errors, multihost
+from harness.cli import run_main
+from runtime import errors, multihost
 
 def main(argv):
   # A peer's failure seen at once by the watchdog thread (it ends the process from its thread)
@@ -421,8 +421,8 @@ def test_two_endings_at_once_write_one_error_line(tmp_path):
 
 _RUNTIME_SPEAKS_LAST = '''
 import os, threading
-from benchmarks.main import run_main
-from mesh import errors, multihost
+from harness.cli import run_main
+from runtime import errors, multihost
 
 class Client:
   """The coordination client of a process whose coordinator is gone: marking this process
@@ -472,7 +472,7 @@ class _Service:
 
 
 def _watching(monkeypatch, service, process=0):
-  from mesh import multihost
+  from runtime import multihost
   monkeypatch.setattr(multihost, "_WATCH", {"client": service, "process": process, "count": 3})
   return multihost
 
@@ -513,8 +513,9 @@ def test_a_failed_collective_without_a_mark_names_the_connection(monkeypatch):
 
 _MARKS = '''
 import sys, threading
-from benchmarks.main import run_main
-from mesh import errors, multihost
+from harness.cli import run_main
+from runtime import errors, multihost
+from runtime import backend
 
 class Client:
   """Records what this process tells the others."""

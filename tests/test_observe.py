@@ -15,7 +15,7 @@ import pytest
 from matplotlib import image
 from tensorboard.backend.event_processing import event_accumulator
 
-from benchmarks.loop import outputs, train
+from harness import outputs, train
 from logs import observe
 from tests import helpers
 

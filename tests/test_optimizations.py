@@ -16,16 +16,17 @@ import pytest
 from jax.sharding import PartitionSpec
 
 import optimizations
-from benchmarks.loop import outputs, train
-from benchmarks.loop import step as step_lib
-from benchmarks.pod import points
 from benchmarks.registry import BENCHMARKS
 from benchmarks.resnet import suite
-from mesh import cost, devices, sharding
-from mesh.errors import UserError
+from harness import outputs, train
+from harness import step as step_lib
+from mesh import devices, sharding
 from mesh.spec import parse_layout, parse_mesh
 from optimizations.weight_update_sharding import ShardedUpdate, split_dims
+from runtime.errors import UserError
+from stepmodel import cost
 from tests import helpers
+from tools.pod import points
 
 POINTS = points.load()
 
@@ -456,7 +457,7 @@ def test_cli_refuses_an_optimization_that_does_nothing(tmp_path):
   env = dict(os.environ)
   env.pop("XLA_FLAGS", None)
   env["MESHPERF_CACHE"] = os.path.join(tempfile.gettempdir(), "meshperf-test-cache")
-  p = subprocess.run([sys.executable, "-m", "benchmarks.main", "transformer",
+  p = subprocess.run([sys.executable, "-m", "harness.cli", "transformer",
                       "--optimizations=spatial_partitioning", f"--output_dir={out}"],
                      cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), env=env,
                      capture_output=True, text=True, timeout=300, check=False)

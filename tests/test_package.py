@@ -17,7 +17,7 @@ from logs import results
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # ResNet-10 of width 8 on 128 synthetic examples: 4 steps and one evaluation a run, which
 # reaches the (lowered) target, so every run ends in success.
-RUN = [sys.executable, "-m", "benchmarks.main", "resnet", "--config=tiny", "--dataset=synthetic",
+RUN = [sys.executable, "-m", "harness.cli", "resnet", "--config=tiny", "--dataset=synthetic",
        "--synthetic_examples=128", "--eval_batch_size=32", "--target_accuracy=0.01"]
 
 
@@ -29,7 +29,7 @@ def _env():
 
 
 def _package(*args):
-  return subprocess.run([sys.executable, "-m", "logs.package", *map(str, args)], cwd=ROOT,
+  return subprocess.run([sys.executable, "-m", "tools.package", *map(str, args)], cwd=ROOT,
                         env=_env(), capture_output=True, text=True, timeout=600, check=False)
 
 
@@ -182,7 +182,7 @@ def test_a_damaged_or_foreign_summary_is_refused_in_one_line(series, tmp_path, t
 def test_a_package_that_fails_midway_leaves_nothing(series, tmp_path, monkeypatch):
   """The package is written in a temporary folder beside --output_dir and renamed there only
   when whole: a failure while writing leaves neither."""
-  from logs import package
+  from tools import package
   dest = tmp_path / "pkg"
   p = package.plan([str(series[0]), f"--output_dir={dest}"])
 
@@ -220,7 +220,7 @@ def test_olympic_mean_follows_mlperf_rules():
 def test_a_series_compile_cache_is_removed_and_no_longer_named():
   import jax
 
-  from benchmarks.loop import series
+  from harness import series
   before = jax.config.jax_compilation_cache_dir     # the test session's (tests/conftest.py)
   jax.config.update("jax_compilation_cache_dir", None)   # as a run without one starts
   try:

@@ -17,8 +17,8 @@ from hypothesis.configuration import set_hypothesis_home_dir
 
 import optimizations
 from benchmarks import registry
-from mesh.errors import UserError
 from mesh.spec import Layout, MeshSpec, parse_layout, parse_mesh
+from runtime.errors import UserError
 
 # 200 examples a property keep the file near 10 s of CPU; no example database, and hypothesis's
 # cache in the temp folder (nothing written to the tree): a failure prints its example, which

@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from benchmarks.loop import step as step_lib
-from benchmarks.loop.build import build
-from benchmarks.perf import cli, handwritten
-from benchmarks.perf import report as report_lib
-from benchmarks.perf.baseline import Baseline, BaselineResNet, param_count
 from benchmarks.registry import BENCHMARKS
 from benchmarks.resnet.model import ResNet
+from harness import step as step_lib
+from harness.build import build
+from tools.perf import cli, handwritten
+from tools.perf import report as report_lib
+from tools.perf.baseline import Baseline, BaselineResNet, param_count
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -125,7 +125,7 @@ def test_one_device_step_updates_after_the_backward_pass(monkeypatch):
 @pytest.mark.slow
 def test_quick_run_writes_its_reports_and_the_last_line(tmp_path):
   out = tmp_path / "perf"
-  r = subprocess.run([sys.executable, "-m", "benchmarks.perf", "--quick", "--rounds=2",
+  r = subprocess.run([sys.executable, "-m", "tools.perf", "--quick", "--rounds=2",
                       "--steps=1", "--warmup=1", "--compile_defaults=no", f"--output_dir={out}"],
                      cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
   assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -182,7 +182,7 @@ def test_thread_cpu_counts_python_threads_as_the_host_and_xla_threads_apart():
   import threading
   import time
 
-  from benchmarks.perf import harness as perf_loop
+  from tools.perf import harness as perf_loop
   if perf_loop._thread_cpu() is None:
     pytest.skip("no /proc/self/task here: the report leaves the thread split out")
   x = jax.device_put(jnp.ones((8 * 256, 512)), jax.sharding.NamedSharding(

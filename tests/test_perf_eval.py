@@ -1,10 +1,10 @@
-"""`eval_seconds` (`benchmarks.perf.evaluation`): seconds per evaluation of the CPU defaults. Only
+"""`eval_seconds` (`tools.perf.evaluation`): seconds per evaluation of the CPU defaults. Only
 the structure of the report is checked here: speed is what the script measures, not what a test
 asserts."""
 
 import pytest
 
-from benchmarks.perf import evaluation as perf_eval
+from tools.perf import evaluation as perf_eval
 
 pytestmark = pytest.mark.slow   # minutes: `./run.sh test --quick` leaves this file out
 

@@ -1,4 +1,4 @@
-"""`benchmarks.perf.pipelines` (comparison `input_headroom`): the input pipelines timed on
+"""`tools.perf.pipelines` (comparison `input_headroom`): the input pipelines timed on
 datasets in their real formats, and batches that do not depend on the number of worker
 processes. Speed is never asserted: the structures and the rows are."""
 
@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 from benchmarks import config as config_lib
-from benchmarks.perf import pipelines as perf_input
 from benchmarks.resnet import data as resnet_data
 from benchmarks.resnet.config import PRESETS as RESNET
 from benchmarks.ssd import data as ssd_data
 from benchmarks.ssd import shapes, suite
 from benchmarks.ssd.config import PRESETS as SSD
-from mesh.errors import UserError
+from runtime.errors import UserError
+from tools.perf import pipelines as perf_input
 
 
 def _check(result, names, workers, steps):

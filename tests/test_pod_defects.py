@@ -1,6 +1,6 @@
 """Regression tests for three defects that compiling the `tpu-v3-2048` presets for a TPU-v3 pod
 showed, each checked on 8 simulated CPU devices by the collectives of the compiled HLO
-(`mesh.cost`) and for exactness against an independent computation:
+(`stepmodel.cost`) and for exactness against an independent computation:
 
 1. distributed batch norm reduces its moments within the span's group of replicas only;
 2. SSD's distributed eval ranks and suppresses each image's candidates on the devices that hold
@@ -18,18 +18,18 @@ from flax import linen as nn
 from jax.sharding import PartitionSpec
 
 from benchmarks.common.convnet import BatchNorm
-from benchmarks.loop import step as step_lib
 from benchmarks.ssd import detect
 from benchmarks.ssd import suite as ssd_suite
 from benchmarks.ssd.config import PRESETS as SSD_PRESETS
-from mesh import cost
+from harness import step as step_lib
 from mesh.sharding import manual
+from stepmodel import cost
 from tests import helpers
 
 
 def groups_of(c: cost.Collective) -> frozenset[tuple[int, ...]]:
   """A collective's replica groups (its source-target pairs for a collective-permute) as a set
-  of device-id tuples: `mesh.cost` parses every form the HLO prints (explicit, iota, mesh),
+  of device-id tuples: `stepmodel.cost` parses every form the HLO prints (explicit, iota, mesh),
   each checked in tests/test_cost.py."""
   return frozenset(c.groups)
 

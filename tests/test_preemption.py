@@ -31,7 +31,7 @@ STEPS_PER_EPOCH = 44      # the digits dataset's 1,437 training images / 32
 
 
 def _start(*args, **kw):
-  return subprocess.Popen([sys.executable, "-m", "benchmarks.main", *TINY, *args], cwd=ROOT,
+  return subprocess.Popen([sys.executable, "-m", "harness.cli", *TINY, *args], cwd=ROOT,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 
 
@@ -208,8 +208,8 @@ def test_a_failed_save_leaves_the_previous_checkpoint_whole(tmp_path, capfd, asy
 
   import jax
 
-  from benchmarks.loop import checkpoints
-  from mesh.errors import CheckpointFailed
+  from harness import checkpoints
+  from runtime.errors import CheckpointFailed
   state = {"step": np.int32(1), "params": {"w": np.arange(300_000, dtype=np.float32)}}
   where = {"step": 1, "seed": 0, "global_batch_size": 32, "num_train": 100, "steps_per_epoch": 3}
   ckpt = checkpoints.Checkpoints(str(tmp_path / "checkpoints"), asynchronous)
@@ -246,7 +246,7 @@ def test_resume_with_another_model_shape_is_bad_input(baseline, tmp_path):
   shutil.copytree(baseline[0], out)
   os.remove(out / "summary.json")        # as a run killed before it ended leaves it
   before = sorted(os.listdir(out))
-  p = subprocess.run([sys.executable, "-m", "benchmarks.main", "resnet", "--model_depth=10",
+  p = subprocess.run([sys.executable, "-m", "harness.cli", "resnet", "--model_depth=10",
                       "--model_width=16", "--global_batch_size=32", "--eval_batch_size=64",
                       "--bn_span=4", "--max_epochs=4", f"--output_dir={out}", "--resume"],
                      cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
@@ -291,7 +291,7 @@ def test_sighup_mid_epoch_is_a_preemption_and_the_log_is_never_a_result(tmp_path
   assert p.returncode == 1, p.stdout + p.stderr
   assert (f"INTERRUPTED run (SIGHUP after step {s['last_checkpoint_step']}, never resumed)"
           in p.stdout)
-  p = subprocess.run([sys.executable, "-m", "logs.package", str(out),
+  p = subprocess.run([sys.executable, "-m", "tools.package", str(out),
                       f"--output_dir={tmp_path / 'package'}"], cwd=ROOT, capture_output=True,
                      text=True, timeout=600, check=False)
   assert p.returncode == 2 and "is NOT A RESULT: INTERRUPTED run (SIGHUP" in p.stderr, p.stderr
@@ -309,7 +309,7 @@ def test_a_stuck_data_loader_is_caught_by_the_watchdog(imagenet_dir, tmp_path):
   import threading
   out = tmp_path / "run"
   p = subprocess.Popen(
-      [sys.executable, "-m", "benchmarks.main", "resnet", "--config=tiny", "--dataset=imagenet",
+      [sys.executable, "-m", "harness.cli", "resnet", "--config=tiny", "--dataset=imagenet",
        f"--data_dir={imagenet_dir}", "--num_classes=1000", "--global_batch_size=8",
        "--eval_batch_size=8", "--max_epochs=50", "--data_workers=1", "--hang_timeout_s=20",
        "--progress_every_s=0", "--nan_check_every=1", f"--output_dir={out}"],
@@ -354,7 +354,7 @@ def test_the_watchdog_waits_while_marks_come_and_fires_once_they_stop(monkeypatc
   """The watchdog itself, with a short timeout: marks keep it quiet; without them it calls
   `on_hang` once with the last step and what the run was doing, then ends the process (here
   the ending is caught)."""
-  from benchmarks.loop import watchdog as wd
+  from harness import watchdog as wd
   got, died = [], []
   monkeypatch.setattr(wd.multihost, "claim_ending", lambda: True)
   monkeypatch.setattr(wd.multihost, "die", lambda error, claimed=False: died.append(error))
@@ -379,8 +379,8 @@ def test_a_stop_signal_dropped_in_a_gc_callback_is_raised_again_in_ordinary_code
   caller's own code, here within a second."""
   import gc
 
-  from benchmarks.loop import stops
-  from mesh import errors
+  from harness import stops
+  from runtime import errors
   monkeypatch.setattr(stops, "SETUP_STOPS", [])
   monkeypatch.setattr(stops, "_setup_ended", False)
   monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
@@ -416,8 +416,8 @@ def test_a_stop_signal_dropped_in_a_gc_callback_is_raised_again_in_ordinary_code
 def test_a_stop_signal_caught_during_the_setup_is_raised_before_the_loop(monkeypatch):
   """A `Stopped` that some `except Exception` around a library call swallowed is raised again
   at the last point before the training loop takes the signals over."""
-  from benchmarks.loop import stops
-  from mesh import errors
+  from harness import stops
+  from runtime import errors
   monkeypatch.setattr(stops, "SETUP_STOPS", [])
   monkeypatch.setattr(stops, "_setup_ended", False)
   monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
@@ -471,7 +471,7 @@ def test_a_full_disk_is_one_line_and_status_7(tmp_path):
   line, none of orbax's and tensorstore's error logs and tracebacks; summary.json agrees."""
   import shlex
   out = tmp_path / "run"
-  run = [sys.executable, "-m", "benchmarks.main", "resnet", "--model_depth=10",
+  run = [sys.executable, "-m", "harness.cli", "resnet", "--model_depth=10",
          "--model_width=32", "--image_size=32",
          "--dataset=synthetic", "--synthetic_examples=640", "--global_batch_size=64",
          "--eval_batch_size=64", "--max_epochs=3", "--checkpoint_every=1", f"--output_dir={out}"]
@@ -519,7 +519,7 @@ def test_sigterm_during_an_evaluation_lets_it_finish_then_stops_with_a_checkpoin
   out, cache = tmp_path / "run", tmp_path / "cache"
   env = dict(os.environ, MESHPERF_CACHE=str(cache))
   p = subprocess.Popen(
-      [sys.executable, "-m", "benchmarks.main", "ssd", "--config=tiny", "--shapes_eval=200",
+      [sys.executable, "-m", "harness.cli", "ssd", "--config=tiny", "--shapes_eval=200",
        "--max_epochs=3", f"--output_dir={out}"], cwd=ROOT, env=env,
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   log = out / "result_0.txt"

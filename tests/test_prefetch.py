@@ -1,4 +1,4 @@
-"""benchmarks.loop.prefetch: the order is the pipeline's, errors arrive at their batch, close
+"""harness.prefetch: the order is the pipeline's, errors arrive at their batch, close
 stops."""
 
 import threading
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from benchmarks.loop.prefetch import Prefetch
+from harness.prefetch import Prefetch
 
 
 def test_same_items_in_the_same_order():

@@ -16,15 +16,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from benchmarks.prepare import cli
-from mesh.errors import UserError
+from runtime.errors import UserError
 from tests import helpers
+from tools.prepare import cli
 
 SYNSETS = ("n01440764", "n01443537", "n15075141")     # labels 0, 1, 999 (sorted synsets)
 
 
 def _prepare(capfd, *args):
-  code, out, err = helpers.run_here("benchmarks.prepare.cli", list(args), capfd)
+  code, out, err = helpers.run_here("tools.prepare.cli", list(args), capfd)
   return code, out, err
 
 
@@ -125,7 +125,7 @@ def test_imagenet_from_the_official_tars(tmp_path, capfd):
 @pytest.mark.slow
 def test_a_run_on_a_prepared_subset_says_so(tmp_path, capfd):
   """ResNet trains on the prepared folder; its log and summary say the dataset is a part."""
-  from benchmarks.loop import outputs, train
+  from harness import outputs, train
   src, out = tmp_path / "downloads", tmp_path / "tfds"
   src.mkdir()
   _imagenet_tars(src, np.random.default_rng(1), val_images=4)

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from benchmarks import registry
-from benchmarks.loop import step as step_lib
-from benchmarks.loop.build import build
-from mesh.errors import UserError
+from harness import step as step_lib
+from harness.build import build
+from runtime.errors import UserError
 
 
 def _one_step(name: str, remat: str):

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from benchmarks.loop import outputs, train
 from benchmarks.resnet.config import PRESETS, SPEC
+from harness import outputs, train
 from logs import compliance
 from tests import helpers
 
@@ -21,7 +21,7 @@ def test_cpu_default_reaches_target_and_passes_checker(tmp_path):
   """Exactly what `./run.sh resnet` runs (the cpu preset), in a fresh process."""
   env = dict(os.environ)
   env.pop("XLA_FLAGS", None)
-  p = subprocess.run([sys.executable, "-m", "benchmarks.main", "resnet",
+  p = subprocess.run([sys.executable, "-m", "harness.cli", "resnet",
                       f"--output_dir={tmp_path}", "--progress_every_s=1000"], cwd=ROOT, env=env,
                      capture_output=True, text=True, timeout=900, check=False)
   assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]

@@ -18,11 +18,11 @@ from jax.sharding import NamedSharding, PartitionSpec
 from numpy.lib.stride_tricks import sliding_window_view
 
 from benchmarks.common import weights
-from benchmarks.loop.checkpoints import Checkpoints
 from benchmarks.resnet import convert_torch
 from benchmarks.resnet.convert_torch import convert
 from benchmarks.resnet.model import ResNet
-from mesh.errors import UserError
+from harness.checkpoints import Checkpoints
+from runtime.errors import UserError
 
 TORCHVISION = {18: ((2, 2, 2, 2), False), 34: ((3, 4, 6, 3), False), 50: ((3, 4, 6, 3), True)}
 
@@ -264,7 +264,7 @@ def test_npz_round_trip(tmp_path):
 
 
 def _small_state(offset: float):
-  """A train state like benchmarks/loop/step.py's, of a ResNet-10 of width 8 (one array sharded)."""
+  """A train state like harness/step.py's, of a ResNet-10 of width 8 (one array sharded)."""
   shapes = _flax_shapes(10, width=8, classes=16)
   rng = np.random.default_rng(0)
   variables = jax.tree.map(

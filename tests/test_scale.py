@@ -5,14 +5,17 @@ priced by the real step-time model.
 """
 
 import dataclasses
+import importlib
 import json
 import math
 
 import pytest
 
-from benchmarks.pod import compile_cache, points, scale
-from mesh import hardware, steptime
+from harness import compile_cache
 from mesh.spec import parse_layout, parse_mesh
+from stepmodel import accelerators as hardware
+from stepmodel import steptime
+from tools.pod import points, scale
 
 # MLPerf Training v0.6 results, Google's TPU-v3 closed-division entries (olympic means, minutes;
 # mlcommons/training_results_v0.6), written here independently of the points file.
@@ -132,7 +135,8 @@ def test_cached_code_is_checked_file_by_file(tmp_path):
   (tmp_path / "benchmarks/b.py").unlink()
   assert compile_cache.stale(code, str(tmp_path)) == ["mesh/a.py", "benchmarks/b.py"]
   # Declarations and readers of compiled programs are not what a program compiles from.
-  for reader in ("mesh/steptime.py", "mesh/kernels.py"):
+  for reader in ("stepmodel/steptime.py", "stepmodel/kernels.py", "harness/train.py"):
+    (tmp_path / reader).parent.mkdir(parents=True, exist_ok=True)
     (tmp_path / reader).write_text("x = 1\n")
     code = compile_cache.file_hashes([reader, "mesh/a.py"], str(tmp_path))
     (tmp_path / reader).write_text("x = 2\n")
@@ -140,13 +144,17 @@ def test_cached_code_is_checked_file_by_file(tmp_path):
 
 
 def test_loaded_code_is_the_compile_path_not_the_point_tables():
+  for module in ("harness.step", "harness.train"):    # loaded, as in a compile-only run
+    importlib.import_module(module)
   loaded = compile_cache.loaded_code()
   assert "pyproject.toml" in loaded and "mesh/spec.py" in loaded
-  assert "benchmarks/pod/scale.py" not in loaded and "benchmarks/pod/points.py" not in loaded
+  assert "tools/pod/scale.py" not in loaded and "tools/pod/points.py" not in loaded
   # What reads compiled programs is not what compiles them: the model can change, cached.
-  assert "mesh/steptime.py" not in loaded and "mesh/cost.py" not in loaded
+  assert "stepmodel/steptime.py" not in loaded and "stepmodel/cost.py" not in loaded
   assert "benchmarks/task.py" not in loaded and "benchmarks/resnet/config.py" not in loaded
+  assert "harness/step.py" in loaded and "harness/train.py" not in loaded
   assert all(rel.split("/")[0] in ("mesh", "optimizations", "benchmarks")
+             or rel in ("harness/build.py", "harness/step.py")
              for rel in loaded if rel != "pyproject.toml")
 
 

@@ -4,9 +4,9 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from mesh import devices
-from mesh.errors import UserError
 from mesh.sharding import Sharder
 from mesh.spec import MeshSpec, parse_layout, parse_mesh
+from runtime.errors import UserError
 
 
 def test_parse_mesh_and_fill():

@@ -10,12 +10,12 @@ import pytest
 from flax import linen as nn
 
 from benchmarks.common import weights
-from benchmarks.loop.step import place_warm_start
 from benchmarks.resnet.model import ResNet
 from benchmarks.ssd import data as data_lib
 from benchmarks.ssd import suite
 from benchmarks.ssd.config import PRESETS
-from mesh.errors import UserError
+from harness.step import place_warm_start
+from runtime.errors import UserError
 
 
 def cfg_for(root, **kw):
@@ -143,14 +143,14 @@ def test_described_coco_has_the_read_batches_shapes(coco):
 
 
 def test_a_killed_writers_partial_dataset_is_removed_and_a_live_ones_kept(tmp_path):
-  """`shapes.ensure` writes into `.shapes-<host>-<pid>-*` (`mesh.scratch`) and renames it when
+  """`shapes.ensure` writes into `.shapes-<host>-<pid>-*` (`runtime.scratch`) and renames it when
   whole; the folder of a writer that died before its rename (SIGKILL) is removed by the next
   writer; a live one's is kept, and so is one of another machine sharing the folder."""
   import subprocess
   import sys
 
   from benchmarks.ssd import shapes
-  from mesh import scratch
+  from runtime import scratch
   dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                         capture_output=True, text=True, check=True).stdout.strip()
   host = scratch._host()

@@ -12,10 +12,10 @@ import jax
 import numpy as np
 import pytest
 
-from benchmarks.loop import outputs, train
-from benchmarks.loop.step import compile_program, global_batch
 from benchmarks.ssd import suite
 from benchmarks.ssd.config import PRESETS
+from harness import outputs, train
+from harness.step import compile_program, global_batch
 from logs import compliance
 from tests import helpers
 

@@ -16,10 +16,10 @@ from jax.experimental.layout import Layout
 
 from benchmarks import registry
 from benchmarks.config import validate_common
-from benchmarks.loop import step as step_lib
-from benchmarks.loop.build import build
-from benchmarks.loop.checkpoints import Checkpoints
-from mesh.errors import UserError
+from harness import step as step_lib
+from harness.build import build
+from harness.checkpoints import Checkpoints
+from runtime.errors import UserError
 
 
 def _column_major(x):

@@ -9,7 +9,8 @@ import pytest
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from mesh import cost, hardware, steptime
+from stepmodel import accelerators as hardware
+from stepmodel import cost, steptime
 
 V3 = hardware.GENERATIONS["v3"]
 LINK, ALPHA = V3.ici_link_bytes_per_s, V3.ici_latency_s

@@ -1,4 +1,4 @@
-"""`./run.sh sweep` (benchmarks/sweep/): a tiny ResNet over two optimizations, timed (its CSV,
+"""`./run.sh sweep` (tools/sweep/): a tiny ResNet over two optimizations, timed (its CSV,
 Markdown and plots; a resumed sweep redoes only what had not finished; a folder of another
 sweep is refused) and trained to a lowered target over two seeds (real run folders)."""
 
@@ -12,11 +12,11 @@ from PIL import Image
 
 from benchmarks.resnet.config import SPEC
 from benchmarks.resnet.suite import DIMENSIONS
-from benchmarks.sweep import grid, measure
-from benchmarks.sweep import run as sweep
 from logs import compliance
-from mesh.errors import UserError
+from runtime.errors import UserError
 from tests.helpers import tiny_resnet
+from tools.sweep import grid, measure
+from tools.sweep import run as sweep
 
 GRID = "weight_update_sharding,distributed_eval"
 KEYS = ["none", "weight_update_sharding", "distributed_eval", "all"]

@@ -1,5 +1,5 @@
 """Throughput and MFU: each benchmark's analytic model FLOPs against an independent count (the
-dots and convolutions of its compiled forward pass, as `mesh.hlo` reads them), the rates, the
+dots and convolutions of its compiled forward pass, as `stepmodel.hlo` reads them), the rates, the
 peak table, and the CPU's measured peak kept once per host."""
 
 import json
@@ -9,11 +9,12 @@ import jax.numpy as jnp
 import pytest
 
 from benchmarks.lm.model import LanguageModel
-from benchmarks.loop import throughput
 from benchmarks.resnet.model import ResNet
 from benchmarks.ssd.model import SSD
 from benchmarks.transformer.model import Transformer
-from mesh import hardware, hlo, kernels
+from harness import throughput
+from stepmodel import accelerators as hardware
+from stepmodel import hlo, kernels
 
 
 def _compiled_flops(f, *args) -> float:

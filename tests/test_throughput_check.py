@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from benchmarks.data import Field
-from benchmarks.perf import synthetic
 from mesh.spec import MeshSpec
 from tests import helpers
+from tools.perf import synthetic
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -52,7 +52,7 @@ def test_bad_field_values_are_refused():
 
 
 def _run_here(args, capfd):
-  code, out, err = helpers.run_here("benchmarks.perf.synthetic", args, capfd)
+  code, out, err = helpers.run_here("tools.perf.synthetic", args, capfd)
   assert code == 0, err[-3000:]
   return out
 

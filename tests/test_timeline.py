@@ -6,10 +6,10 @@ import dataclasses
 import pytest
 
 from benchmarks.config import Common
-from benchmarks.loop.timeline import check_cadence, timeline
 from benchmarks.task import Spec
+from harness.timeline import check_cadence, timeline
 from logs.mlperf import C
-from mesh.errors import UserError
+from runtime.errors import UserError
 
 EPOCHS = Spec("resnet", ("1.0.0",), "top-1", "max_epochs")
 SAMPLES = Spec("llama31_8b", ("5.1.0",), "log perplexity", "max_epochs", higher_is_better=False,

@@ -11,7 +11,7 @@ from benchmarks.common import grammar
 from benchmarks.common.tokenizer import EOS
 from benchmarks.transformer import data as data_lib
 from benchmarks.transformer.config import PRESETS
-from mesh.errors import UserError
+from runtime.errors import UserError
 
 EN, DE = grammar.corpus(1200, 5)
 

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from benchmarks.loop import outputs, train
 from benchmarks.transformer.config import PRESETS
+from harness import outputs, train
 from logs import compliance
 
 pytestmark = pytest.mark.slow   # minutes: `./run.sh test --quick` leaves this file out
@@ -23,7 +23,7 @@ def test_cpu_default_reaches_target_and_passes_checker(tmp_path):
   env = dict(os.environ)
   env.pop("XLA_FLAGS", None)
   env["MESHPERF_CACHE"] = str(tmp_path / "cache")
-  p = subprocess.run([sys.executable, "-m", "benchmarks.main", "transformer",
+  p = subprocess.run([sys.executable, "-m", "harness.cli", "transformer",
                       f"--output_dir={tmp_path / 'run'}", "--progress_every_s=1000"], cwd=ROOT,
                      env=env, capture_output=True, text=True, timeout=900, check=False)
   assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]

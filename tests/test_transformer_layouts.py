@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from benchmarks.loop import step as step_lib
 from benchmarks.transformer import suite
 from benchmarks.transformer.config import LAYOUTS, PRESETS
+from harness import step as step_lib
 from mesh.sharding import names_of
 from optimizations import weight_update_sharding
 from tests import helpers

@@ -1,11 +1,11 @@
-"""benchmarks.loop.stops.MetricsWindow: metrics fetched every few steps, leaving the newest on
+"""harness.stops.MetricsWindow: metrics fetched every few steps, leaving the newest on
 the device.
 
 What the loop relies on: a fetch waits only for steps older than the newest `lag` (so the device
 keeps computing while the host handles a window), a drain takes everything (a block's end, a
 signal), a NaN is named at its own step whichever fetch finds it, and the fetches' step times add
 up to the wall time between them. The device side is checked by `./run.sh perf` (steps dispatched
-onto an idle device, `benchmarks/perf/harness.py`).
+onto an idle device, `tools/perf/harness.py`).
 """
 
 import math
@@ -14,7 +14,7 @@ import time
 import jax.numpy as jnp
 import pytest
 
-from benchmarks.loop.stops import MetricsWindow
+from harness.stops import MetricsWindow
 
 
 def _metrics(loss: float) -> dict:

@@ -15,7 +15,7 @@ import pytest
 
 from benchmarks import registry
 from benchmarks.config import GPU_XLA_FLAGS, TPU_ASYNC_COLLECTIVES
-from mesh import devices
+from runtime import backend
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -38,21 +38,21 @@ def test_every_gpu_preset_sets_the_gpu_flags():
 def test_the_presets_flags_are_known_to_this_xla(name, preset, cfg):
   """A flag this jaxlib's XLA does not know would abort a GPU host's run at its first device;
   here it would be a UserError (the probe is the child process XLA would abort)."""
-  merged = devices.check_xla_flags(cfg.xla_flags, "--xla_cpu_enable_fast_math=false")
+  merged = backend.check_xla_flags(cfg.xla_flags, "--xla_cpu_enable_fast_math=false")
   assert merged.split() == ["--xla_cpu_enable_fast_math=false"] + cfg.xla_flags.split()
   assert GPU_XLA_FLAGS in cfg.xla_flags
 
 
 def test_an_unknown_flag_or_a_late_one_is_refused_and_xla_flags_left_alone(monkeypatch):
-  from mesh.errors import UserError
+  from runtime.errors import UserError
   monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
   with pytest.raises(UserError, match="does not know --xla_gpu_no_such_knob=1"):
-    devices.check_xla_flags(f"{GPU_XLA_FLAGS} --xla_gpu_no_such_knob=1")
+    backend.check_xla_flags(f"{GPU_XLA_FLAGS} --xla_gpu_no_such_knob=1")
   with pytest.raises(UserError, match="--xla_tpu_foo=1 is a flag of the TPU compiler"):
-    devices.check_xla_flags("--xla_tpu_foo=1")
+    backend.check_xla_flags("--xla_tpu_foo=1")
   # This process's devices have started: flags now would do nothing, and are refused.
   with pytest.raises(UserError, match="came too late"):
-    devices.add_xla_flags(GPU_XLA_FLAGS)
+    backend.add_xla_flags(GPU_XLA_FLAGS)
   assert os.environ["XLA_FLAGS"] == "--xla_force_host_platform_device_count=8"
 
 
@@ -77,7 +77,7 @@ def test_the_flags_reach_the_xla_that_compiles_the_run(tmp_path):
   assert [e["value"] for e in logged if e["key"] == "meshperf_xla_env"] == [summary["xla_env"]]
 
 
-# --- libtpu's flags (`--libtpu_flags`, LIBTPU_INIT_ARGS: mesh.tpu_flags) -------------------------
+# --- libtpu's flags (`--libtpu_flags`, LIBTPU_INIT_ARGS: runtime.tpu_flags) -----------------------
 
 def _presets_with_libtpu_flags():
   return [(name, preset, cfg) for name, entry in sorted(registry.BENCHMARKS.items())
@@ -85,8 +85,8 @@ def _presets_with_libtpu_flags():
 
 
 def test_libtpu_flags_merge_once_and_a_conflict_is_refused():
-  from mesh import tpu_flags
-  from mesh.errors import UserError
+  from runtime import tpu_flags
+  from runtime.errors import UserError
   base = "--xla_tpu_use_enhanced_launch_barrier=true"
   once = tpu_flags.merged(TPU_ASYNC_COLLECTIVES, base)
   assert once.split() == [base] + TPU_ASYNC_COLLECTIVES.split()
@@ -99,8 +99,8 @@ def test_libtpu_flags_merge_once_and_a_conflict_is_refused():
 
 
 def test_libtpu_flags_late_ones_are_refused_and_the_environment_left_alone(monkeypatch):
-  from mesh import tpu_flags
-  from mesh.errors import UserError
+  from runtime import tpu_flags
+  from runtime.errors import UserError
   monkeypatch.setenv("LIBTPU_INIT_ARGS", "--xla_tpu_use_enhanced_launch_barrier=true")
   monkeypatch.setattr(tpu_flags, "loaded", lambda: True)
   with pytest.raises(UserError, match="came too late: libtpu has loaded"):
@@ -112,8 +112,8 @@ def test_libtpu_flags_late_ones_are_refused_and_the_environment_left_alone(monke
 def test_the_cache_keys_a_configs_libtpu_flags_as_the_environment_they_make(monkeypatch):
   """A scale process looks a point up before its flags are in the environment; the process
   that compiled it had them there: both must reach the same cache key."""
-  from benchmarks.pod import compile_cache
-  from mesh import tpu_flags
+  from harness import compile_cache
+  from runtime import tpu_flags
   monkeypatch.delenv("LIBTPU_INIT_ARGS", raising=False)
   bare, before = compile_cache.versions(), compile_cache.versions(TPU_ASYNC_COLLECTIVES)
   assert before != bare and "--xla_enable_async_all_gather=true" in before
@@ -126,8 +126,8 @@ def test_the_cache_keys_a_configs_libtpu_flags_as_the_environment_they_make(monk
 def test_libtpu_knows_the_presets_flags_and_refuses_an_unknown_one():
   """libtpu ends a process on a flag it does not know; the flags are tried in a child first.
   Every preset's flags pass on the pinned libtpu."""
-  from mesh import tpu_flags
-  from mesh.errors import UserError
+  from runtime import tpu_flags
+  from runtime.errors import UserError
   presets = _presets_with_libtpu_flags()
   assert ("transformer", "tpu-v3-2048") in {(n, p) for n, p, _ in presets}
   for _, _, cfg in presets:

@@ -18,8 +18,8 @@ from flax import linen as nn
 
 from benchmarks.common.layers import layer_output, named_init, param_dtype
 from mesh import constrain
-from mesh.errors import UserError
 from mesh.sharding import manual_axes
+from runtime.errors import UserError
 
 ACT = ("batch", "height", "width", "channels")
 STAGES = {  # depth -> (blocks per stage, bottleneck)
@@ -181,7 +181,7 @@ class Block(nn.Module):
     return layer_output(constrain(nn.relu(y + residual), ACT))
 
 
-# --- analytic FLOPs (model FLOPs utilization, `benchmarks.loop.train`) --------------------------
+# --- analytic FLOPs (model FLOPs utilization, `harness.train`) --------------------------
 # 2 x the multiply-adds of the convolutions and dense layers; window positions on the zero padding
 # are not counted (as XLA's cost analysis counts them). Batch norm, ReLU and pooling are not
 # counted (the usual convention: they are a few percent of the work and not matrix-unit FLOPs).

@@ -17,7 +17,7 @@ simulation of that backward gives the value projection's 24.8 and 29.2 where the
 reason.
 
 A run with `--attention=cudnn` checks this first (`verify`, once per process) and stops with
-one `error:` line when cuDNN's results differ. `python -m benchmarks.perf.cudnn_attention`
+one `error:` line when cuDNN's results differ. `python -m tools.perf.cudnn_attention`
 prints every difference.
 
 The bound: at these shapes XLA's attention in bfloat16 differs from the same in float32 by
@@ -81,7 +81,7 @@ def over(diffs: dict[str, float]) -> list[str]:
 
 def verify(measure: Callable[[], dict[str, float]] = compare) -> None:
   """Raises UserError when cuDNN's attention differs from XLA's here; once per process."""
-  from mesh.errors import UserError
+  from runtime.errors import UserError
   if _VERIFIED:
     return
   diffs = measure()
@@ -91,6 +91,6 @@ def verify(measure: Callable[[], dict[str, float]] = compare) -> None:
     raise UserError(
         f"--attention=cudnn: cuDNN's attention on this GPU differs from XLA's in {len(bad)} of "
         f"{len(diffs)} checks (worst {worst}: {diffs[worst]:.3g} of the largest value, against "
-        f"{TOLERANCE:.3g}); `python -m benchmarks.perf.cudnn_attention` prints them: train with "
+        f"{TOLERANCE:.3g}); `python -m tools.perf.cudnn_attention` prints them: train with "
         f"--attention=xla")
   _VERIFIED.append(True)

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import linen as nn
 
-from mesh.errors import UserError
+from runtime.errors import UserError
 
 DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32, "float64": jnp.float64}
 

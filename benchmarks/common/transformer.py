@@ -21,7 +21,7 @@ from flax import linen as nn
 
 from benchmarks.common.layers import Dropout, layer_output, named_init, param_dtype
 from mesh import constrain
-from mesh.errors import UserError
+from runtime.errors import UserError
 
 EMB = ("batch", "length", "embed")
 HEADS = ("batch", "length", "heads", "d_kv")
@@ -242,7 +242,7 @@ class SelfAttentionBlock(nn.Module):
     return layer_output(x + drop(FeedForward(c.d_ff, c.dropout, c.dtype)(y, train)))
 
 
-# --- analytic FLOPs (model FLOPs utilization, `benchmarks.loop.train`) --------------------------
+# --- analytic FLOPs (model FLOPs utilization, `harness.train`) --------------------------
 # 2 x the multiply-adds of the model's matmuls: projections, attention scores and weighted values
 # (every query-key pair the model computes, masked ones included), feed-forward, output logits.
 # Embedding lookups, layer norms and softmax are not counted (Kaplan et al. 2020, section 2.1;

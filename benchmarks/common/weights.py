@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from mesh.errors import UserError
+from runtime.errors import UserError
 
 COLLECTIONS = ("params", "batch_stats")
 _SOURCES = ("pass an .npz from `python -m benchmarks.resnet.convert_torch` or `save_npz`, or a "
@@ -133,7 +133,7 @@ def _item_dir(path: str) -> str:
   latest = max(steps, key=lambda p: ocp.utils.step_from_checkpoint_name(p.name))
   if not is_item(os.path.join(str(latest), "default")):
     raise UserError(f"{latest}: no default/ item; not a checkpoint of this harness's training "
-                    "loop (benchmarks/loop/train.py)")
+                    "loop (harness/train.py)")
   return os.path.join(str(latest), "default")
 
 
@@ -153,7 +153,7 @@ def _load_orbax(path: str) -> dict[str, Any]:
     if not (isinstance(tree, Mapping) and isinstance(tree.get("params"), Mapping)
             and isinstance(tree.get("model_state"), Mapping)):
       raise UserError(f"{item_dir}: no params and model_state in the checkpoint; not a train "
-                      "state saved by benchmarks/loop/train.py")
+                      "state saved by harness/train.py")
     stats = tree["model_state"].get("batch_stats")
     _check_resnet({"params": tree["params"], "batch_stats": stats}, item_dir, _SOURCES)
     item = {"params": tree["params"], "model_state": {"batch_stats": stats}}

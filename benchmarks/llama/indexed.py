@@ -32,7 +32,7 @@ import struct
 
 import numpy as np
 
-from mesh.errors import UserError
+from runtime.errors import UserError
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1

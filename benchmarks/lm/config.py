@@ -24,7 +24,7 @@ from benchmarks.config import (
   require,
 )
 from benchmarks.task import Spec
-from mesh.errors import UserError
+from runtime.errors import UserError
 
 SPEC = Spec(mlperf_name="llama31_8b", rulesets=("5.1.0", "6.0.0", "6.1.0"),
             metric="log perplexity", target_field="target_log_perplexity",

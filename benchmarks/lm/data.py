@@ -38,7 +38,7 @@ from benchmarks.data import (
   text_lines,
   tfds_temp_folders_removed,
 )
-from mesh.errors import UserError
+from runtime.errors import UserError
 
 FIELDS = ("tokens", "segment", "position")
 NAMES = {**{k: ("batch", "length") for k in FIELDS}, "mask": ("batch",)}

@@ -14,7 +14,7 @@ from benchmarks.config import (
   require,
 )
 from benchmarks.task import Spec
-from mesh.errors import UserError
+from runtime.errors import UserError
 
 # Every training ruleset of the installed mlperf-logging that defines ResNet-50 (its last round
 # was 4.0).

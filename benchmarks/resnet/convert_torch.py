@@ -38,7 +38,7 @@ import numpy as np
 
 from benchmarks.common import weights
 from benchmarks.common.convnet import STAGES
-from mesh.errors import UserError
+from runtime.errors import UserError
 
 TORCHVISION_DEPTHS = (18, 34, 50, 101, 152)
 _BN = {"weight": ("params", "scale"), "bias": ("params", "bias"),

@@ -6,7 +6,7 @@ import dataclasses
 
 from benchmarks.config import GPU_XLA_FLAGS, Common, fraction, non_negative, positive, require
 from benchmarks.task import Spec
-from mesh.errors import UserError
+from runtime.errors import UserError
 
 SPEC = Spec(mlperf_name="ssd", rulesets=("0.7.0", "1.0.0"), metric="mAP@[.5:.95]",
             target_field="target_map")

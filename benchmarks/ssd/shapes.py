@@ -15,8 +15,8 @@ import os
 import numpy as np
 from PIL import Image, ImageDraw
 
-from mesh import scratch
-from mesh.errors import UserError
+from runtime import scratch
+from runtime.errors import UserError
 
 CATEGORIES = ({"id": 1, "name": "circle"}, {"id": 3, "name": "square"},
               {"id": 7, "name": "triangle"})   # non-contiguous ids, as COCO's

@@ -18,7 +18,7 @@ from benchmarks.ssd.config import Config
 from benchmarks.ssd.model import SSD, feature_sizes
 from benchmarks.task import TRAIN_FLOPS, LossAux, Task
 from logs.mlperf import C
-from mesh.errors import UserError
+from runtime.errors import UserError
 
 # The logical dimensions of the model's tensors and its data: what a layout can split and what an
 # optimization can act on (`optimizations.check_applies`; a test checks them against the model).

@@ -17,7 +17,7 @@ from benchmarks.config import (
   require,
 )
 from benchmarks.task import Spec
-from mesh.errors import UserError
+from runtime.errors import UserError
 
 SPEC = Spec(mlperf_name="transformer", rulesets=("0.6.0", "0.7.0"),
             metric="BLEU (uncased, /100)", target_field="target_bleu",
@@ -106,7 +106,7 @@ PRESETS = {
     # Google's tpu-v3-32 run was (`bfloat16_grads_all_reduce=true`); libtpu's asynchronous
     # collectives, so the weights' all-gathers overlap the kernels; dropout's bits from XLA's
     # RngBitGenerator (`--dropout_rng=rbg`) instead of threefry's rounds on the vector unit. Each
-    # replica draws its own masks inside the data-parallel step (benchmarks/loop/step.py). The
+    # replica draws its own masks inside the data-parallel step (harness/step.py). The
     # train state in the memory layouts the compiler chooses for the step (`--state_layouts`):
     # the optimizer's updates are written where the next step reads them, not copied into
     # jax's default order after every step. The attention's softmax in bfloat16

@@ -29,7 +29,7 @@ from benchmarks.data import (
   text_lines,
   tfds_temp_folders_removed,
 )
-from mesh.errors import UserError
+from runtime.errors import UserError
 
 TRAIN_FIELDS = ("inputs", "inputs_segment", "inputs_position", "targets", "targets_segment",
                 "targets_position")

@@ -1,0 +1,363 @@
+"""Compile-only runs: a benchmark's real train and eval steps compiled for a TPU slice that is not
+here, and what they cost.
+
+`./run.sh resnet --config=tpu-v3-2048 --compile_only --topology=v3:32x32` builds the preset's
+model, batch, mesh, layout and optimizations exactly as a run would, over the slice's
+compile-only devices (`stepmodel.topology`, libtpu), with abstract inputs: the dataset is described
+(its published sizes and a batch's shapes, `benchmarks.data.described`), no parameter is
+materialized (`harness.step.compile_steps`). It reports per-device memory against the chip's
+HBM (a program that does not fit is refused: exit status 2), FLOPs, bytes accessed, the
+collectives by kind and replica-group size, XLA's own estimate, and the step-time model of
+`stepmodel.steptime` with the minutes to train it predicts:
+
+  minutes = (training steps to --max_epochs x modelled step time
+             + evaluations at the preset's cadence x eval steps x modelled eval step time) / 60
+
+Without `--topology` the steps compile for this machine's devices (no model: no TPU figures).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Any, Callable
+
+import jax
+
+from benchmarks import registry
+from harness import compile_cache
+from harness.build import build
+from harness.timeline import check_cadence, timeline
+from runtime.errors import UserError
+from stepmodel import accelerators as hardware
+from stepmodel import cost, topology
+
+GiB = 1 << 30
+
+
+def analyze(benchmark: str, cfg, topology_name: str | None, *, with_eval: bool = True,
+            say: Callable[[str], None] = print, cache_dir: str | None = None,
+            refresh: bool = False, overlap: str = "schedule",
+            calibration: hardware.Calibration | None = None) -> dict[str, Any]:
+  """Compiles `cfg` of `benchmark` for the named slice (None: this machine's devices) and
+  returns the summary (JSON-able; `facts`, then `summarize`). A program that does not fit in
+  HBM is summarized with `summary["fits"]` False; `refuse(summary)` turns that into a
+  UserError. `overlap`: which reading of the step-time model is the step: "schedule" (the
+  compiled schedule's, the default), or its bounds "none" (collectives after the kernels) and
+  "full" (collectives hidden behind them); `calibration`: the model's constants (default: the
+  generation's)."""
+  raw = facts(benchmark, cfg, topology_name, with_eval=with_eval, say=say,
+              cache_dir=cache_dir, refresh=refresh)
+  return summarize(raw, cfg, overlap, calibration)
+
+
+def facts(benchmark: str, cfg, topology_name: str | None, *, with_eval: bool = True,
+          say: Callable[[str], None] = print, cache_dir: str | None = None,
+          refresh: bool = False) -> dict[str, Any]:
+  """What compiling `cfg` gave (`compile_facts`). With `cache_dir`, a program compiled before
+  with the same config and code is read from the cache (`harness.compile_cache`)
+  instead of compiled again (`refresh`: compiled regardless)."""
+  key = None
+  if cache_dir:
+    key = compile_cache.cache_key(benchmark, cfg, topology_name, with_eval,
+                                  compile_cache.versions(getattr(cfg, "libtpu_flags", "")))
+    raw, changed = (None, []) if refresh else compile_cache.load(cache_dir, key)
+    if raw is not None:
+      say(f"{benchmark}: compiled before, read from {compile_cache.path_of(cache_dir, key)}")
+      return raw
+    if changed:
+      say(f"{benchmark}: recompiling, changed since cached: {', '.join(changed[:3])}")
+    code = compile_cache.file_hashes(compile_cache.loaded_code())
+  raw = compile_facts(benchmark, cfg, topology_name, with_eval=with_eval, say=say)
+  if key:
+    code = {**compile_cache.file_hashes([f for f in compile_cache.loaded_code()
+                                         if f not in code]), **code}
+    compile_cache.save(cache_dir, key, raw, code)
+  return raw
+
+
+def compile_facts(benchmark: str, cfg, topology_name: str | None, *, with_eval: bool = True,
+                  say: Callable[[str], None] = print) -> dict[str, Any]:
+  """Compiles the steps; returns what the compiler said (`stepmodel.cost.facts` of each step) and
+  the run's context, as JSON-able data."""
+  entry = registry.BENCHMARKS[benchmark]
+  spec = entry.spec
+  topo = topology.parse(topology_name) if topology_name else None
+  devs = topology.devices(topo) if topo else jax.devices()
+  where = topo.describe() if topo else f"{len(devs)} {devs[0].platform} device(s)"
+  seen = {}
+
+  def compiling(sharder, plan):
+    check_cadence(cfg, spec)
+    say(f"{benchmark}: compiling for {where}; mesh {dict(sharder.mesh.shape)} layout "
+        f"'{sharder.layout}'; optimizations: {', '.join(plan.enabled) or 'none'}")
+    seen.update(sharder=sharder, plan=plan)
+
+  def started(sharder, plan, task):     # the clock times the compilation alone
+    seen.update(data=task.data, flops=task.flops_per_example, t0=time.time())
+
+  train = evals = refused = None
+  try:
+    built = build(cfg, entry, devs=devs, shapes_only=True, with_eval=with_eval,
+                  eval_device=devs[0], init=False, before_task=compiling,
+                  before_compile=started)
+    train = cost.facts(built.program.train)
+    evals = cost.facts(built.program.eval) if with_eval else None
+  except Exception as e:
+    if "RESOURCE_EXHAUSTED" not in str(e) or "t0" not in seen:
+      raise
+    # The TPU compiler itself refuses a program that cannot fit in HBM.
+    refused = f"the TPU compiler ran out of HBM: {str(e).splitlines()[0]}"
+  sharder, plan, data = seen["sharder"], seen["plan"], seen["data"]
+  return {
+      "benchmark": benchmark,
+      "mlperf_benchmark": spec.mlperf_name,
+      "topology_name": topology_name,
+      "devices": len(devs), "platform": devs[0].platform, "device_kind": devs[0].device_kind,
+      "coords": topology.coords(sharder.mesh.devices.flat) if topo else None,
+      "mesh": {k: int(v) for k, v in sharder.mesh.shape.items()},
+      "layout": str(sharder.layout),
+      "optimizations": list(plan.enabled),
+      "plan": plan.describe(),
+      "dataset": {"name": data.name, "described": data.shapes is not None,
+                  "num_train": data.num_train, "num_eval": data.num_eval,
+                  "steps_per_epoch": data.steps_per_epoch, "eval_steps": data.eval_steps},
+      "compile_s": time.time() - seen["t0"],
+      "model_flops_per_example": seen["flops"],
+      "train": train, "eval": evals, "refused": refused,
+  }
+
+
+def read(raw: dict[str, Any], cfg) -> dict[str, Any]:
+  """What the summary and the step-time model read of compiled facts, once: each step's
+  `stepmodel.cost.analyze_facts` and, on a TPU slice, its `stepmodel.steptime.prepare`d program
+  ({"train": (cost, prepared), "eval": (cost, prepared) or None}; None when refused)."""
+  if raw["refused"] is not None:
+    return {"train": None, "eval": None}
+  name = raw["topology_name"]
+  topo = topology.parse(name) if name else None
+  gen = hardware.GENERATIONS[topo.generation] if topo else None
+  coords = [tuple(c) for c in raw["coords"]] if raw["coords"] else None
+  spec = registry.BENCHMARKS[raw["benchmark"]].spec
+  # A data-dependent loop in the eval (beam search) runs at most the bound the benchmark names.
+  bound = int(getattr(cfg, spec.eval_loop_bound)) if spec.eval_loop_bound else None
+  out = {}
+  for step, trips in (("train", None), ("eval", bound)):
+    if not raw[step]:
+      out[step] = None
+      continue
+    c = cost.analyze_facts(raw[step], trips, gen.mxu_width if gen else 128)
+    prepared = None
+    if topo is not None:
+      from stepmodel import steptime
+      prepared = steptime.prepare(c, gen, topo.megacore, coords, topo.chips)
+    out[step] = (c, prepared)
+  return out
+
+
+def summarize(raw: dict[str, Any], cfg, overlap: str = "schedule",
+              calibration: hardware.Calibration | None = None,
+              steps: dict[str, Any] | None = None) -> dict[str, Any]:
+  """The summary of compiled facts: per step, the figures, the fit in HBM and the modelled
+  time; the predicted minutes for `cfg`'s epochs and evaluation cadence. `steps`: `read(raw,
+  cfg)` when the caller has it."""
+  name = raw["topology_name"]
+  topo = topology.parse(name) if name else None
+  device = _device_figures(topo)
+  steps = steps or read(raw, cfg)
+  train = evals = prediction = None
+  if raw["refused"] is None:
+    train = _step(*steps["train"], device, overlap, calibration)
+    evals = _step(*steps["eval"], device, overlap, calibration) if steps["eval"] else None
+    spec = registry.BENCHMARKS[raw["benchmark"]].spec
+    prediction = _prediction(cfg, timeline(cfg, spec, raw["dataset"]["steps_per_epoch"]),
+                             raw["dataset"]["eval_steps"], train, evals)
+    if prediction is not None:
+      prediction.update(utilization(raw, cfg.global_batch_size, prediction["step_s"], device))
+  summary = {
+      "benchmark": raw["benchmark"],
+      "mlperf_benchmark": raw["mlperf_benchmark"],
+      "compile_only": True,
+      "topology": _topology_summary(topo, raw, device),
+      **{k: raw[k] for k in ("mesh", "layout", "optimizations", "plan")},
+      "config": dataclasses.asdict(cfg),
+      "dataset": raw["dataset"],
+      "compile_s": raw["compile_s"],
+      "train": train,
+      "eval": evals,
+      "prediction": prediction,
+      "refused": raw["refused"],
+      "jax_version": jax.__version__,
+  }
+  summary["fits"] = raw["refused"] is None and all(
+      s is None or s["fits"] is not False for s in (train, evals))
+  return summary
+
+
+def _device_figures(topo) -> dict[str, float] | None:
+  if topo is None:
+    return None
+  return hardware.per_device(hardware.GENERATIONS[topo.generation], topo.megacore)
+
+
+def _topology_summary(topo, raw, device) -> dict[str, Any]:
+  if topo is None:
+    return {"name": None, "devices": raw["devices"], "platform": raw["platform"],
+            "device_kind": raw["device_kind"]}
+  return {"name": topo.name, "generation": topo.generation, "chips": list(topo.chips),
+          "num_chips": topo.num_chips, "devices": raw["devices"], "megacore": topo.megacore,
+          "device_kind": raw["device_kind"], **{f"{k}_per_device": v for k, v in device.items()},
+          "wraparound": list(hardware.wraparound(hardware.GENERATIONS[topo.generation],
+                                                 topo.chips))}
+
+
+def _step(cost: dict[str, Any], prepared, device, overlap: str = "schedule",
+          calibration: hardware.Calibration | None = None) -> dict[str, Any]:
+  """One compiled step's figures, its fit in HBM and (on a TPU slice) its modelled time."""
+  memory = cost.get("memory_per_device", {})
+  total = memory.get("total_bytes")
+  out = {k: cost.get(k) for k in ("flops_per_device", "xla_flops_per_device", "bytes_accessed",
+                                  "optimal_seconds", "memory_per_device", "collectives",
+                                  "collective_bytes_total", "loops", "loops_unknown_trips")}
+  out["collectives_by_group"] = cost.get("collectives_by_group")
+  out["hbm_bytes_per_device"] = device["hbm_bytes"] if device else None
+  out["fits"] = None if device is None or total is None else total <= device["hbm_bytes"]
+  out["model"] = None
+  if prepared is not None:
+    from stepmodel import steptime
+    out["model"] = steptime.evaluate(prepared, overlap, calibration)
+  return out
+
+
+def _prediction(cfg, blocks, eval_steps: int, train, evals) -> dict[str, Any] | None:
+  """Minutes to train by the model: every block's steps, then one evaluation per block."""
+  if train["model"] is None:
+    return None
+  steps = sum(b.steps for b in blocks)
+  step_s = train["model"]["step_s"]
+  eval_step_s = evals["model"]["step_s"] if evals else 0.0
+  train_s = steps * step_s
+  eval_s = len(blocks) * eval_steps * eval_step_s
+  return {"epochs": cfg.max_epochs, "train_steps": steps, "step_s": step_s,
+          "evaluations": len(blocks), "eval_steps": eval_steps, "eval_step_s": eval_step_s,
+          "train_minutes": train_s / 60, "eval_minutes": eval_s / 60,
+          "minutes": (train_s + eval_s) / 60,
+          "assumption": "the run lasts --max_epochs (set it to the epochs a run converges in) "
+                        "and evaluates at the preset's cadence; host input and init not timed"}
+
+
+def utilization(raw: dict[str, Any], global_batch: int, step_s: float | None,
+                device: dict[str, float] | None) -> dict[str, Any]:
+  """Model FLOPs utilization of a train step of `step_s` seconds: the benchmark's analytic model
+  FLOPs of a step (`Task.flops_per_example` x the global batch: 3 x the forward's matmuls, the
+  same count as a run's `throughput`) over the slice's devices' bf16 peak (`stepmodel.accelerators`,
+  each figure cited there). Empty where the benchmark counts no model FLOPs or the slice has
+  no peak."""
+  per_example = raw.get("model_flops_per_example")
+  if not per_example or not device or not step_s:
+    return {}
+  per_step = per_example * global_batch
+  return {"model_flops_per_step": per_step,
+          "mfu": per_step / raw["devices"] / step_s / device["peak_flops"]}
+
+
+def refuse(summary: dict[str, Any]) -> None:
+  """UserError when a compiled step does not fit in a device's HBM."""
+  advice = ("shard more (a model axis in --layout, weight_update_sharding), lower "
+            "--global_batch_size/--eval_batch_size, or use a larger slice (summary.json has the "
+            "details)")
+  if summary["refused"]:
+    raise UserError(f"the program does not fit: {summary['refused']}; {advice}")
+  for name in ("train", "eval"):
+    step = summary[name]
+    if step and step["fits"] is False:
+      need = step["memory_per_device"]["total_bytes"]
+      raise UserError(
+          f"the {name} step needs {need / GiB:.2f} GiB per device but a "
+          f"{summary['topology']['device_kind']} device has "
+          f"{step['hbm_bytes_per_device'] / GiB:.0f} GiB of HBM: {advice}")
+
+
+def _mib(b) -> str:
+  return f"{(b or 0) / 2**20:,.1f} MiB"
+
+
+def _si(x, unit: str) -> str:
+  """1.23e11 -> '123.0 GFLOP'."""
+  x = x or 0.0
+  for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+    if x >= scale:
+      return f"{x / scale:,.1f} {prefix}{unit}"
+  return f"{x:.0f} {unit}"
+
+
+def _ms(s) -> str:
+  return f"{s * 1e3:.3g} ms"
+
+
+def report(summary: dict[str, Any]) -> str:
+  """The summary as lines for a terminal."""
+  lines = []
+  for name in ("train", "eval"):
+    step = summary[name]
+    if step is None:
+      continue
+    mem = step["memory_per_device"]
+    hbm = step["hbm_bytes_per_device"]
+    fit = "" if hbm is None else (f" of {hbm / GiB:.0f} GiB HBM"
+                                   + ("" if step["fits"] else "  DOES NOT FIT"))
+    flops = step["flops_per_device"]
+    lines.append(f"{name} step: {_si(flops, 'FLOP')} and "
+                 f"{_si(step['bytes_accessed'], 'B')} accessed per device; memory "
+                 f"{mem.get('total_bytes', 0) / GiB:.2f} GiB per device{fit} (arguments "
+                 f"{_mib(mem.get('argument_bytes'))}, temporaries {_mib(mem.get('temp_bytes'))})")
+    groups = step.get("collectives_by_group") or []
+    for g in groups:
+      lines.append(f"  {g['kind']:<18} {g['count']:>5}x over groups of {g['group_size']:>5}: "
+                   f"{_mib(g['bytes'])} per device")
+    if not groups:
+      for kind, v in step["collectives"].items():
+        if v["count"]:
+          lines.append(f"  {kind:<18} {v['count']:>5}x: {_mib(v['bytes'])} per device")
+    model = step["model"]
+    xla = step["optimal_seconds"]
+    xla_s = ("" if xla is None else f"; XLA's estimate {_ms(xla)} (no interconnect)" if xla >= 0
+             else f"; XLA's estimate is negative ({xla:.3g} s): unusable")
+    if model:
+      est = model.get("compiler_estimate_s")
+      lines.append(f"  model: {model['kernels']:,.0f} kernels {_ms(model['kernel_s'])} (matrix "
+                   f"unit {_ms(model['compute_s'])}, HBM {_ms(model['memory_s'])}, vector unit "
+                   f"{_ms(model.get('vector_s', 0.0))}, overhead "
+                   f"{_ms(model['overhead_s'])}), collectives {_ms(model['collective_s'])} of "
+                   f"which exposed {_ms(model['exposed_collective_s'])} -> step "
+                   f"{_ms(model['step_s'])} ({model['overlap']})"
+                   + (f"; the TPU compiler's own kernel estimates add to {_ms(est)}" if est
+                      else "") + xla_s)
+  p = summary["prediction"]
+  if p:
+    lines.append(f"predicted: {p['epochs']} epochs = {p['train_steps']:,} steps x "
+                 f"{_ms(p['step_s'])} + {p['evaluations']} evaluations x {p['eval_steps']} "
+                 f"steps x {_ms(p['eval_step_s'])} = {p['minutes']:.3g} minutes from run_start "
+                 f"to run_stop")
+    if "mfu" in p:
+      lines.append(f"model FLOPs utilization {p['mfu']:.1%} at the modelled step "
+                   f"({_si(p['model_flops_per_step'], 'FLOP')} per step, analytic, over "
+                   f"{summary['topology']['devices']} devices at "
+                   f"{_si(summary['topology']['peak_flops_per_device'], 'FLOP/s')} each)")
+  return "\n".join(lines)
+
+
+def run(benchmark: str, cfg, topology_name: str | None, output_dir: str,
+        cache_dir: str | None = None, say: Callable[[str], None] = print) -> dict[str, Any]:
+  """The `--compile_only` command: analyze, print, write summary.json, refuse a misfit."""
+  summary = analyze(benchmark, cfg, topology_name, say=say, cache_dir=cache_dir)
+  say(report(summary))
+  os.makedirs(output_dir, exist_ok=True)
+  path = os.path.join(output_dir, "summary.json")
+  with open(path, "w") as f:
+    json.dump(summary, f, indent=2, default=float)
+  say(f"compiled in {summary['compile_s']:.0f}s; summary {path}")
+  refuse(summary)
+  return summary

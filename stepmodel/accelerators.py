@@ -1,0 +1,275 @@
+"""Published figures of the Cloud TPU generations, per chip and per JAX device.
+
+A TPU slice is a grid of chips joined by the inter-chip interconnect (ICI): each chip has a link
+to its nearest neighbour in each direction of each grid dimension (a 2-D grid on v2/v3/v5e, a
+3-D grid on v4/v5p), and along some dimensions the last chip links back to the first (a torus).
+A chip holds one or two TensorCores. JAX shows one device per TensorCore on v2/v3, and one per
+chip on v4 and v5p ("megacore": the chip's two TensorCores act as one device).
+
+Each figure below cites where it comes from. ICI figures are given per link and per direction:
+the Cloud docs give either a bidirectional per-chip total or a pod's bisection bandwidth, and the
+per-link figure is derived from them (the derivation is in the comment). Where no public figure
+exists the comment says what is assumed. The `S_*` constants below are the sources, cited by
+each `Generation.sources`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+GiB = 1 << 30
+
+S_V2 = "https://cloud.google.com/tpu/docs/v2 (Cloud TPU v2 system architecture)"
+S_V3 = "https://cloud.google.com/tpu/docs/v3 (Cloud TPU v3 system architecture)"
+S_V4 = "https://cloud.google.com/tpu/docs/v4 (Cloud TPU v4 system architecture)"
+S_V5E = "https://cloud.google.com/tpu/docs/v5e (Cloud TPU v5e system architecture)"
+S_V5P = "https://cloud.google.com/tpu/docs/v5p (Cloud TPU v5p system architecture)"
+S_V6E = "https://cloud.google.com/tpu/docs/v6e (Cloud TPU v6e (Trillium) system architecture)"
+S_JOUPPI20 = ("Jouppi et al., A Domain-Specific Supercomputer for Training Deep Neural Networks, "
+              "CACM 63(7), 2020 (TPUv2/v3: 2-D torus, 4 ICI links per chip)")
+S_V4PAPER = ("Jouppi et al., TPU v4: An Optically Reconfigurable Supercomputer for Machine "
+             "Learning with Hardware Support for Embeddings, ISCA 2023, arXiv:2304.01433")
+S_KUMAR19 = ("Kumar et al., Scale MLPerf-0.6 models on Google TPU-v3 Pods, arXiv:1909.09756 "
+             "(2-D gradient summation on the v3 pod torus)")
+S_SCALING = ("Austin et al., How to Scale Your Model, ch. 2 'How to think about TPUs', "
+             "https://jax-ml.github.io/scaling-book/tpus/ (per-link one-way ICI bandwidths)")
+S_ASSUMED = "assumption of this module (no public figure): see the comment at the figure"
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+  """The step-time model's constants for one generation (`stepmodel.steptime`): at most three,
+  fitted on measured steps (`./run.sh scale --fit`) or left at their physical defaults."""
+  kernel_overhead_s: float = 0.0     # fixed time of each kernel (launch, pipeline fill)
+  hbm_efficiency: float = 1.0        # achieved fraction of the HBM bandwidth
+  ici_latency_s: float | None = None  # per step of a ring collective (None: the generation's)
+  fitted_on: str = "nothing: the physical figures (no overhead, the full HBM bandwidth)"
+  points: tuple[str, ...] = ()       # the names of the points it was fitted on
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+  """One TPU generation: per-chip figures and the shape of its interconnect."""
+  name: str                        # as in topology names: "v3" for "v3:4x4"
+  device_kind: str                 # jax Device.device_kind
+  cores_per_chip: int              # TensorCores per chip
+  megacore_default: bool           # the default JAX device is a whole chip
+  hbm_bytes_per_chip: int
+  peak_flops_per_chip: float       # bf16 FLOP/s
+  hbm_bytes_per_s_per_chip: float
+  ici_link_bytes_per_s: float      # one direction of one link
+  ici_links_per_chip: int          # = 2 * torus_dims (one per direction of each dimension)
+  torus_dims: int                  # 2 or 3
+  ici_latency_s: float             # per hop / per step of a ring collective (assumed)
+  pod_chips: tuple[int, ...]       # the full pod's chip grid
+  sources: tuple[str, ...]
+  clock_hz: float | None = None    # TensorCore clock (None: not published); prices the TPU
+                                   # compiler's own per-kernel estimate, in cycles
+  mxu_width: int = 128             # side of the systolic matrix unit (v2-v5: 128 x 128)
+  # Elementwise 32-bit operations a TensorCore's vector unit completes per cycle (None: not
+  # published, and the model leaves the vector unit's time out).
+  vector_ops_per_cycle: int | None = None
+  calibration: Calibration = Calibration()
+
+
+# ICI latency: no generation's per-hop latency is published. 1 us per collective step is
+# assumed for all (the order the scaling book quotes for one ICI hop plus launch); it only
+# matters for small messages.
+_LATENCY = 1e-6
+
+# The TPUv2/v3 TensorCore's vector unit (Norrie, Patil et al., "Google's Training Chips
+# Revealed: TPUv2 and TPUv3", Hot Chips 32, 2020; IEEE Micro 41(2), 2021): 128 lanes x 8
+# sublanes, each sublane with two 32-bit ALUs, 2,048 vector ALUs a core: 2 x 8 x 128
+# elementwise operations a cycle. Later generations' vector units are not described at this
+# level. The TPU compiler's own estimates of threefry's kernels agree within 15%
+# (tests/test_kernels.py).
+_VECTOR_V2_V3 = 2 * 8 * 128
+
+GENERATIONS: dict[str, Generation] = {
+    "v2": Generation(
+        name="v2", device_kind="TPU v2", cores_per_chip=2, megacore_default=False,
+        hbm_bytes_per_chip=16 * GiB,            # 8 GiB per core x 2 cores (Cloud v2 docs)
+        peak_flops_per_chip=45e12,              # 45 TFLOPS bf16 per chip (Cloud v2 docs)
+        hbm_bytes_per_s_per_chip=600e9,         # 600 GBps (Cloud v2 docs; Jouppi 2020 says 700)
+        # No per-link figure found for v2: assumed v3's 100 GB/s scaled by the per-link
+        # rates Jouppi et al. 2020 give (496 vs 656 Gbit/s): 100e9 * 496 / 656 = 75.6 GB/s.
+        ici_link_bytes_per_s=100e9 * 496 / 656,
+        ici_links_per_chip=4, torus_dims=2, ici_latency_s=_LATENCY,
+        pod_chips=(16, 16),                     # 256-chip pod, 2-D torus (Cloud v2 docs)
+        sources=(S_V2, S_JOUPPI20, S_ASSUMED),
+        clock_hz=700e6,                         # 700 MHz (Jouppi et al. 2020, Table 3)
+        vector_ops_per_cycle=_VECTOR_V2_V3),
+    "v3": Generation(
+        name="v3", device_kind="TPU v3", cores_per_chip=2, megacore_default=False,
+        hbm_bytes_per_chip=32 * GiB,            # 32 GiB per chip = 16 GiB per core (Cloud v3)
+        peak_flops_per_chip=123e12,             # 123 TFLOPS bf16 (Cloud v3 docs)
+        hbm_bytes_per_s_per_chip=900e9,         # 900 GBps (Cloud v3 docs)
+        # Cloud v3 docs: bisection bandwidth of the 1024-chip (32x32 torus) pod is 6.4 TB/s.
+        # Cutting a 32x32 torus in half cuts 32 rows x 2 (wraparound) = 64 links:
+        # 6.4e12 / 64 = 100 GB/s per link per direction (the scaling book lists 1e11 one-way).
+        ici_link_bytes_per_s=100e9,
+        ici_links_per_chip=4, torus_dims=2, ici_latency_s=_LATENCY,
+        pod_chips=(32, 32),                     # 1024 chips, 2-D torus (Cloud v3 docs)
+        sources=(S_V3, S_JOUPPI20, S_KUMAR19, S_SCALING, S_ASSUMED),
+        clock_hz=940e6,                         # 940 MHz (Jouppi et al. 2020, Table 3)
+        vector_ops_per_cycle=_VECTOR_V2_V3,
+        # Fitted on the measured train steps of Google's MLPerf v0.6 ResNet-50 at 16 and 1024
+        # chips (tools/pod/points/google-v0.6-tpu-v3.json), the two ends of its scaling:
+        # `./run.sh scale all --fit --fit_on=resnet-16,resnet-1024` (2026-12-02). docs/pod.md
+        # gives the held-out points and why SSD's and the Transformer's are not fitted.
+        calibration=Calibration(
+            kernel_overhead_s=2.59e-6, hbm_efficiency=0.698, ici_latency_s=0.34e-6,
+            fitted_on="resnet-16 and resnet-1024, Google's MLPerf v0.6 measured steps",
+            points=("resnet-16", "resnet-1024"))),
+    "v4": Generation(
+        # JAX on a v4 VM shows one device per chip (megacore; Cloud v4 docs); libtpu's
+        # compile-only topology needs chip_config_name="megacore" for that (stepmodel/topology.py).
+        name="v4", device_kind="TPU v4", cores_per_chip=2, megacore_default=True,
+        hbm_bytes_per_chip=32 * GiB,            # 32 GiB (Cloud v4 docs)
+        peak_flops_per_chip=275e12,             # 275 TFLOPS bf16 (Cloud v4 docs)
+        hbm_bytes_per_s_per_chip=1200e9,        # 1200 GBps (Cloud v4 docs)
+        # Cloud v4 docs: bisection bandwidth per 4096-chip pod is 24 TB/s. A 16x16x16 torus cut
+        # in half cuts 16*16 x 2 (wraparound) = 512 links: 24e12 / 512 = 46.9 GB/s per link per
+        # direction (the scaling book lists 4.5e10 one-way for v4p).
+        ici_link_bytes_per_s=24e12 / 512,
+        ici_links_per_chip=6, torus_dims=3, ici_latency_s=_LATENCY,
+        pod_chips=(16, 16, 16),                 # 4096 chips, 3-D (Cloud v4 docs; v4 paper)
+        sources=(S_V4, S_V4PAPER, S_SCALING, S_ASSUMED),
+        clock_hz=1050e6),                       # 1050 MHz (v4 paper, its v3/v4 table)
+    "v5e": Generation(
+        name="v5e", device_kind="TPU v5 lite", cores_per_chip=1, megacore_default=False,
+        hbm_bytes_per_chip=16 * GiB,            # 16 GB (Cloud v5e docs)
+        peak_flops_per_chip=197e12,             # 197 TFLOPs bf16 (Cloud v5e docs)
+        hbm_bytes_per_s_per_chip=819e9,         # 819 GBps (Cloud v5e docs)
+        # Cloud v5e docs: 400 GBps bidirectional ICI per chip over 4 ICI ports:
+        # 400e9 / 4 / 2 = 50 GB/s per link per direction. Cross-check: the 16x16 torus pod's
+        # bisection, 16 x 2 = 32 links x 50 GB/s = 1.6 TB/s, is what the docs list.
+        ici_link_bytes_per_s=50e9,
+        ici_links_per_chip=4, torus_dims=2, ici_latency_s=_LATENCY,
+        pod_chips=(16, 16),                     # 256 chips, 2-D torus (Cloud v5e docs)
+        sources=(S_V5E, S_SCALING, S_ASSUMED)),
+    "v5p": Generation(
+        name="v5p", device_kind="TPU v5", cores_per_chip=2, megacore_default=True,
+        hbm_bytes_per_chip=95 * GiB,            # 95 GiB usable of 96 (Cloud v5p docs)
+        peak_flops_per_chip=459e12,             # 459 TFLOPs bf16 (Cloud v5p docs)
+        hbm_bytes_per_s_per_chip=2765e9,        # 2765 GBps = 2575 GiBps (Cloud v5p docs)
+        # Cloud v5p docs: 1200 GBps bidirectional ICI per chip (older page: 4800 Gbps = 600 GB/s
+        # one way) over 6 links: 1200e9 / 6 / 2 = 100 GB/s per link per direction.
+        ici_link_bytes_per_s=100e9,
+        ici_links_per_chip=6, torus_dims=3, ici_latency_s=_LATENCY,
+        pod_chips=(16, 20, 28),                 # 8960 chips, 3-D torus (Cloud v5p docs)
+        sources=(S_V5P, S_V4PAPER, S_SCALING, S_ASSUMED)),
+    "v6e": Generation(
+        name="v6e", device_kind="TPU v6 lite", cores_per_chip=1, megacore_default=False,
+        hbm_bytes_per_chip=32 * GiB,            # 32 GB (Cloud v6e docs)
+        peak_flops_per_chip=918e12,             # 918 TFLOPs bf16 (Cloud v6e docs)
+        hbm_bytes_per_s_per_chip=1638e9,        # 1638 GBps (Cloud v6e docs)
+        # Cloud v6e docs: 800 GBps bidirectional ICI per chip over 4 ICI ports:
+        # 800e9 / 4 / 2 = 100 GB/s per link per direction. Cross-check: the 16x16 torus pod's
+        # bisection, 16 x 2 = 32 links x 100 GB/s = 3.2 TB/s, is what the docs list.
+        ici_link_bytes_per_s=100e9,
+        ici_links_per_chip=4, torus_dims=2, ici_latency_s=_LATENCY,
+        pod_chips=(16, 16),                     # 256 chips, 2-D torus (Cloud v6e docs)
+        sources=(S_V6E, S_ASSUMED),
+        mxu_width=256),                         # two 256 x 256 MXUs per TensorCore (v6e docs)
+}
+
+
+def generation(name_or_kind: str) -> Generation:
+  """The Generation of a name ("v3"), a topology name ("v3:4x4") or a device_kind."""
+  key = name_or_kind.split(":")[0]
+  if key in GENERATIONS:
+    return GENERATIONS[key]
+  for g in GENERATIONS.values():
+    if g.device_kind == name_or_kind:
+      return g
+  raise KeyError(f"unknown TPU generation {name_or_kind!r}; known: {sorted(GENERATIONS)}")
+
+
+def per_device(gen: Generation, megacore: bool) -> dict[str, float]:
+  """HBM bytes, peak bf16 FLOP/s, HBM bytes/s and vector-unit operations/s (None where the
+  generation's vector unit is not published) of ONE jax device.
+
+  A device is one TensorCore (a chip's figures divided by `cores_per_chip`), or, when
+  `megacore` (v5p by default, v4 with `chip_config_name="megacore"`), the whole chip. HBM is
+  split evenly between a chip's cores (v2/v3 docs give 8/16 GiB per core).
+  """
+  n = 1 if megacore else gen.cores_per_chip
+  vector = (gen.vector_ops_per_cycle * gen.clock_hz * gen.cores_per_chip / n
+            if gen.vector_ops_per_cycle and gen.clock_hz else None)
+  return {
+      "hbm_bytes": gen.hbm_bytes_per_chip // n,
+      "peak_flops": gen.peak_flops_per_chip / n,
+      "hbm_bytes_per_s": gen.hbm_bytes_per_s_per_chip / n,
+      "vector_ops_per_s": vector,
+  }
+
+
+def wraparound(gen: Generation, chips: tuple[int, ...]) -> tuple[bool, ...]:
+  """Whether each dimension of a slice's chip grid `chips` has wraparound links.
+
+  v2/v3/v5e: the pod is a 2-D torus (Cloud docs; Kumar et al. 2019 use the v3 pod's
+  wraparound links); a slice has them only along a dimension that spans the whole pod
+  (assumed: a smaller slice is cut out of the pod's torus, so its edges link to chips outside
+  it). v4/v5p: the optical circuit switches close the faces of 4x4x4-chip cubes, so a slice
+  made of whole cubes (every dimension a multiple of 4) is a 3-D torus in every dimension
+  (Cloud v4 docs: "3D torus on slices where ... each dimension is a multiple of 4"; Cloud v5p
+  docs: "All 4x4x4 and larger slices (one cube) have full 3D torus"; v4 paper section 2);
+  a slice smaller than a cube (2x2x1, 2x2x4, 2x4x4) is assumed a mesh, since no document
+  gives it wraparound links.
+  """
+  chips = tuple(chips) + (1,) * (gen.torus_dims - len(chips))
+  if gen.torus_dims == 3:
+    cubes = all(n % 4 == 0 for n in chips)
+    return tuple(cubes and n > 1 for n in chips)
+  pod = gen.pod_chips + (1,) * (len(chips) - len(gen.pod_chips))
+  return tuple(n > 1 and n == p for n, p in zip(chips, pod))
+
+
+# --- the peak of any JAX device, for model FLOPs utilization ------------------------------------
+
+# NVIDIA GPUs: dense bfloat16 tensor-core FLOP/s (the datasheets also give twice these "with
+# sparsity", which dense training does not reach). The first pattern found in a device_kind
+# (e.g. "NVIDIA H100 80GB HBM3") wins.
+GPU_PEAKS = (
+    ("B200", 2.25e15, "NVIDIA HGX B200 datasheet: 2.25 PFLOPS FP16/BF16 dense per GPU"),
+    ("H200", 989e12, "NVIDIA H200 datasheet: 989 TFLOPS BF16 dense (SXM)"),
+    ("H100 PCIe", 756e12, "NVIDIA H100 datasheet: 756 TFLOPS BF16 dense (PCIe)"),
+    ("H100", 989e12, "NVIDIA H100 datasheet: 989 TFLOPS BF16 dense (SXM)"),
+    ("A100", 312e12, "NVIDIA A100 datasheet: 312 TFLOPS BF16 dense"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Peak:
+  """The peak matrix FLOP/s of one JAX device, with where the figure comes from; `flops` None
+  when no figure is known for the device (`source` then says so: never a guess)."""
+  device_kind: str
+  flops: float | None
+  source: str
+
+
+def device_peak(platform: str, device_kind: str, cpu_devices: int = 1,
+                cpu_flops: float | None = None) -> Peak:
+  """The peak of one device of `platform` ("tpu", "gpu", "cpu") and `device_kind` (jax's):
+  a TPU's from its generation (a core on v2/v3, a chip elsewhere, as JAX shows them), a GPU's
+  from GPU_PEAKS, a CPU's from `cpu_flops` (the host's measured matmul rate, shared by its
+  `cpu_devices` simulated devices)."""
+  if platform == "tpu":
+    for gen in GENERATIONS.values():
+      if gen.device_kind == device_kind:
+        dev = per_device(gen, gen.megacore_default)
+        return Peak(device_kind, dev["peak_flops"], f"{gen.name} bf16 peak per "
+                    f"{'chip' if gen.megacore_default or gen.cores_per_chip == 1 else 'core'}: "
+                    f"{gen.sources[0]}")
+  elif platform == "gpu":
+    for pattern, flops, source in GPU_PEAKS:
+      if pattern in device_kind:
+        return Peak(device_kind, flops, source)
+  elif platform == "cpu" and cpu_flops:
+    return Peak(device_kind, cpu_flops / max(cpu_devices, 1),
+                f"measured on this host: {cpu_flops / 1e9:.1f} GFLOP/s of float32 matmul over "
+                f"all its cores (not a published peak), shared by {cpu_devices} simulated "
+                f"device(s)")
+  return Peak(device_kind, None, f"no peak known for a {platform} device of kind "
+              f"'{device_kind}' (stepmodel/accelerators.py lists the known ones); MFU not reported")

@@ -1,0 +1,291 @@
+"""An MLPerf dry run before anyone books hardware (`./run.sh dryrun <benchmark> --config=P`).
+
+  ./run.sh dryrun llama --config=tpu-v5p-128            # the preset's own slice (v5p:4x4x4)
+  ./run.sh dryrun resnet --config=tpu-v3-2048 --topology=v4:8x8x16 --ruleset=4.0.0
+
+One report and one verdict line, from five checks:
+1. The program: compiled for the slice (`harness.compile_only`, libtpu on any machine;
+   a CPU preset on this machine's devices; a GPU preset only on a GPU host, since XLA compiles
+   for CUDA only where a GPU is): its memory per device against the HBM, the modelled step.
+2. The log: the one the run would write from `cache_clear` to `run_start` (the loop's own
+   init keys, `harness.train.init_keys`, with the task's hyperparameters), then one
+   synthetic block and evaluation at the preset's cadence whose value is the target, and
+   `run_stop`; checked by mlperf-logging's compliance checker under the ruleset and division
+   (keys, hyperparameter rules, evaluation cadence and metadata). `result_0.txt` in the output
+   folder is that log.
+3. The init budget: init_stop in the log comes this machine's compile time after init_start,
+   so the checker's own rule (30 minutes closed, 240 open, from ruleset 2.0.0 on: its
+   `common.yaml`) judges it. A pod host compiles on its own CPU, and its init also builds the
+   state and opens the data; neither is in this figure.
+4. The reference convergence points (closed division, rulesets 1.0.0 on; `logs.rcp`): the RCP
+   at the global batch, or the interpolation, or why there is none, and the RCP's own
+   hyperparameters against the preset's.
+5. The minutes: the RCP's mean convergence at the modelled step and evaluation times (without
+   an RCP, the preset's --max_epochs, as `--compile_only` predicts).
+
+The verdict is PASS when the program fits, the log passes, the init fits its budget and a
+closed result at this batch has an RCP to be checked against (a hyperparameter that differs
+from the RCP's is a note: the rules let a submission choose some of them). Exit status 0 on
+PASS, 1 on FAIL (`runtime.errors.EXIT_CHECK_FAILED`, as `./run.sh check`), 2 on bad input. The
+report is also `dryrun.json` in the output folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import math
+import os
+import re
+from typing import Any
+
+from absl import flags
+
+from benchmarks import config as config_lib
+from harness import cli
+from harness import flags as flags_lib
+from runtime import errors
+from runtime.errors import UserError
+
+
+def define_flags(fv: flags.FlagValues) -> list[str]:
+  return flags_lib.define(fv, (
+      ("string", "ruleset", None, "The MLPerf training ruleset to check against (default: the "
+       "newest the benchmark declares)."),))
+
+
+def _argv_with_slice(argv: list[str]) -> list[str]:
+  """A TPU preset compiles for its own slice unless --topology names another."""
+  if len(argv) < 2 or argv[1].startswith("-") or flags_lib.flag_value(argv, "topology"):
+    return argv
+  preset = flags_lib.flag_value(argv, "config") or "cpu"
+  if preset in config_lib.PRESET_SLICES:
+    return argv + [f"--topology={config_lib.PRESET_SLICES[preset]}"]
+  return argv
+
+
+def init_budget_minutes(ruleset: str, division: str) -> int | None:
+  """The checker's limit from the first init_start to init_stop, in minutes (its
+  `compile_time_mins`), or None where the ruleset sets none."""
+  from mlperf_logging import compliance_checker
+  path = os.path.join(os.path.dirname(compliance_checker.__file__), f"training_{ruleset}",
+                      "common.yaml")
+  text = open(path).read() if os.path.exists(path) else ""
+  m = re.search(r"compile_time_mins'\] = (\d+) if v\['value'\] == 'open' else (\d+)", text)
+  if not m:
+    return None
+  return int(m.group(1) if division == "open" else m.group(2))
+
+
+def _shifted(lines: list[str], key: str, ms: float) -> list[str]:
+  """The log's lines with every event from the first `key` on moved `ms` later."""
+  out, moving = [], False
+  for line in lines:
+    head, _, body = line.partition(":::MLLOG ")
+    rec = json.loads(body)
+    moving = moving or rec["key"] == key
+    if moving:
+      rec["time_ms"] = rec["time_ms"] + round(ms)
+    out.append(f"{head}:::MLLOG {json.dumps(rec)}")
+  return out
+
+
+def synthetic_log(path: str, cfg, entry, fv, plan, task, platform: str, compile_s: float):
+  """The log a run of `cfg` would write up to run_start, one block and an evaluation at the
+  target, then run_stop; init_stop `compile_s` after init_start."""
+  from harness import outputs
+  from harness.timeline import timeline
+  from harness.train import init_keys
+  from logs.mlperf import C, MLPerfLog
+  spec = entry.spec
+  opts = outputs.RunOptions(output_dir=os.path.dirname(path), division=fv.division,
+                            submission_org=fv.submission_org,
+                            submission_platform=fv.submission_platform,
+                            submission_status=fv.submission_status,
+                            submission_poc_name=fv.submission_poc_name,
+                            submission_entry=fv.submission_entry)
+  log = MLPerfLog(True)
+  log.event(C.CACHE_CLEAR, True)
+  log.start(C.INIT_START)
+  for key, value, metadata in init_keys(cfg, entry, opts, plan, task, platform):
+    log.event(key, value, metadata=metadata)
+  log.event(C.TRAIN_SAMPLES, task.data.num_train)
+  log.event(C.EVAL_SAMPLES, task.data.num_eval)
+  log.end(C.INIT_STOP)
+  log.start(C.RUN_START)
+  block = timeline(cfg, spec, task.data.steps_per_epoch)[0]
+  log.start(C.BLOCK_START, metadata=block.start)
+  log.end(C.BLOCK_STOP, metadata=block.stop)
+  log.start(C.EVAL_START, metadata=block.at)
+  log.event(C.EVAL_ACCURACY, spec.target(cfg), metadata=block.at)
+  log.end(C.EVAL_STOP, metadata=block.at)
+  log.end(C.RUN_STOP, metadata={C.STATUS: C.SUCCESS})
+  lines = _shifted(log.held_lines(), C.INIT_STOP, compile_s * 1000)
+  log.close()
+  with open(path, "w", encoding="utf-8") as f:
+    f.write("\n".join(lines) + "\n")
+  return block
+
+
+def _minutes(summary, cfg, spec, lookup) -> dict[str, Any] | None:
+  """Minutes from run_start to the RCP's mean convergence, at the modelled step times."""
+  from harness.timeline import timeline
+  train, evals = summary["train"], summary["eval"]
+  if lookup is None or lookup.mean is None or not train or train["model"] is None:
+    return None
+  per_epoch = summary["dataset"]["steps_per_epoch"]
+  steps = math.ceil(lookup.mean / cfg.global_batch_size if lookup.unit == "samples"
+                    else lookup.mean * per_epoch)
+  long_cfg = dataclasses.replace(cfg, max_epochs=max(cfg.max_epochs, -(-steps // per_epoch)))
+  n_evals = sum(1 for b in timeline(long_cfg, spec, per_epoch) if b.first_step < steps)
+  step_s = train["model"]["step_s"]
+  eval_s = (evals["model"]["step_s"] if evals and evals["model"] else 0.0) * \
+      summary["dataset"]["eval_steps"]
+  return {"converge": lookup.mean, "unit": lookup.unit, "train_steps": steps, "step_s": step_s,
+          "evaluations": n_evals, "evaluation_s": eval_s,
+          "minutes": (steps * step_s + n_evals * eval_s) / 60}
+
+
+def _seconds(s: float) -> str:
+  return f"{s * 1e3:,.0f} ms" if s < 1 else f"{s:,.1f} s"
+
+
+def _said(message: str) -> str:
+  """One line of a checker message: the key, its logged value and the rule it failed."""
+  key = re.search(r"CHECK for '([^']+)' failed", message)
+  test = re.search(r"failed test:\s*(.+)", message)
+  line = re.search(r":::MLLOG (\{.*\})", message)
+  if not (key and test and line):
+    return message.splitlines()[0]
+  value = json.loads(line.group(1)).get("value")
+  return f"{key.group(1)} = {value!r}: the rule is {test.group(1).strip()}"
+
+
+def _rcp_notes(lookup, cfg, records: dict) -> list[str]:
+  """The RCP's own hyperparameters that the log's differ from."""
+  notes = []
+  for key, want in sorted(lookup.hyperparams.items()):
+    if key == "opt_learning_rate_warmup_samples":
+      steps = records.get("opt_learning_rate_warmup_steps")
+      have = None if steps is None else steps * cfg.global_batch_size
+    else:
+      have = records.get(key)
+    if have is not None and not math.isclose(float(have), float(want), rel_tol=1e-6):
+      notes.append(f"{key} {have:g} here, {want:g} in the RCP's runs")
+  return notes
+
+
+def run(p, say=print) -> dict[str, Any]:
+  """The dry run of the parsed command `p` (`harness.cli.setup`); returns the report."""
+  import jax
+
+  from harness import compile_only
+  from harness.build import build_sharder, check_batches
+  from logs import compliance, rcp
+  name, cfg, fv, entry = p.name, p.cfg, p.flags, p.entry
+  spec = entry.spec
+  ruleset = fv.ruleset or spec.rulesets[-1]
+  if ruleset not in spec.rulesets:
+    raise UserError(f"--ruleset={ruleset}: {name} logs as {spec.mlperf_name}, which the "
+                    f"installed checker defines in {', '.join(spec.rulesets)}")
+  division = fv.division if fv["division"].present else spec.division
+  fv.division = division
+  stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+  out = fv.output_dir or os.path.join("runs", name, f"dryrun-{fv.config}-{stamp}")
+  where = fv.topology or f"{len(jax.devices())} {jax.devices()[0].platform} device(s)"
+  say(f"dryrun {name} --config={fv.config} on {where}: {division} division, ruleset {ruleset}")
+  if fv.config.startswith("gpu") and jax.devices()[0].platform != "gpu":
+    raise UserError(f"--config={fv.config} is a GPU preset and this machine has no GPU: XLA "
+                    f"compiles for CUDA only where a GPU is; run the dry run on the GPU host")
+  summary = compile_only.analyze(name, cfg, fv.topology, say=say,
+                                 cache_dir=fv.compile_cache or None)
+  devs = jax.devices() if not fv.topology else None
+  if devs is None:
+    from stepmodel import topology
+    devs = topology.devices(topology.parse(fv.topology))
+  sharder, plan = build_sharder(cfg, devs)
+  task = entry.build()(cfg, replicas=check_batches(cfg, sharder, plan, 1), shapes_only=True)
+  os.makedirs(out, exist_ok=True)
+  log_path = os.path.join(out, "result_0.txt")
+  compile_s = summary["compile_s"]
+  platform = fv.submission_platform or f"{len(devs)}x{devs[0].device_kind}"
+  block = synthetic_log(log_path, cfg, entry, fv, plan, task, platform, compile_s)
+  checked = compliance.check_file(log_path, ruleset)
+  records = {r["key"]: r["value"] for r in compliance.read_log(log_path)}
+  budget = init_budget_minutes(ruleset, division)
+  lookup = (rcp.lookup(ruleset, spec.mlperf_name, cfg.global_batch_size, spec.cadence)
+            if division == "closed" else None)
+  minutes = _minutes(summary, cfg, spec, lookup)
+  notes = _rcp_notes(lookup, cfg, records) if lookup else []
+
+  fails = []
+  train = summary["train"]
+  if not summary["fits"]:
+    fails.append("does not fit in memory")
+  if not checked.ok:
+    fails.append(f"the {ruleset} {division} checker fails the log")
+  if budget is not None and compile_s > budget * 60:
+    fails.append(f"compiling takes {compile_s / 60:.1f} of the {budget}-minute init budget")
+  if lookup is not None and lookup.kind == "missing":
+    fails.append(f"no RCP at global batch {cfg.global_batch_size}")
+
+  lines = []
+  if summary["refused"]:
+    lines.append(f"  memory     {summary['refused']}")
+  elif train["fits"] is None:
+    lines.append(f"  memory     {train['memory_per_device']['total_bytes'] / 2**30:.2f} GiB per "
+                 f"device (no HBM figure for these devices)")
+  else:
+    lines.append(f"  memory     {train['memory_per_device']['total_bytes'] / 2**30:.2f} GiB per "
+                 f"device of {train['hbm_bytes_per_device'] / 2**30:.0f} GiB: "
+                 f"{'fits' if train['fits'] else 'does not fit'}")
+  if train and train["model"]:
+    lines.append(f"  step       {train['model']['step_s'] * 1e3:,.0f} ms modelled"
+                 + (f", MFU {summary['prediction']['mfu']:.1%}"
+                    if summary["prediction"] and "mfu" in summary["prediction"] else ""))
+  lines.append(f"  init       compiled in {compile_s:.0f} s on this machine"
+               + (f", of the {budget}-minute budget ({division})" if budget else
+                  f" (ruleset {ruleset} sets no init budget)"))
+  lines.append(f"  log        {log_path}: the {ruleset} checker "
+               + ("passes it" if checked.ok else "fails it:"))
+  lines += [f"               {_said(m)}" for m in checked.messages if not checked.ok]
+  lines.append(f"  cadence    first evaluation at {block.label} "
+               f"({', '.join(f'{k} {v}' for k, v in block.at.items())})")
+  if division != "closed":
+    lines.append("  RCP        open division: no reference convergence check")
+  elif lookup is None:
+    lines.append(f"  RCP        ruleset {ruleset} has no RCPs for {spec.mlperf_name}")
+  else:
+    lines.append(f"  RCP        {lookup.explain()}")
+    lines += [f"             note: {n}" for n in notes]
+  if minutes:
+    lines.append(f"  predicted  {minutes['converge']:,.6g} {minutes['unit']} = "
+                 f"{minutes['train_steps']:,} steps x {minutes['step_s'] * 1e3:,.0f} ms + "
+                 f"{minutes['evaluations']} evaluations x {_seconds(minutes['evaluation_s'])} = "
+                 f"{minutes['minutes']:,.1f} minutes from run_start to run_stop")
+  elif summary["prediction"]:
+    lines.append(f"  predicted  {summary['prediction']['minutes']:,.1f} minutes for "
+                 f"--max_epochs={cfg.max_epochs} (no RCP to converge by)")
+  verdict = ("PASS" if not fails else "FAIL: " + "; ".join(fails))
+  lines.append(f"verdict: {verdict}")
+  say("\n".join(lines))
+  report = {"benchmark": name, "config": fv.config, "topology": fv.topology,
+            "ruleset": ruleset, "division": division, "verdict": verdict, "passed": not fails,
+            "failures": fails, "log": log_path, "checker_messages": list(checked.messages),
+            "init_budget_minutes": budget, "compile_s": compile_s,
+            "rcp": dataclasses.asdict(lookup) if lookup else None, "rcp_notes": notes,
+            "minutes": minutes, "summary": summary}
+  with open(os.path.join(out, "dryrun.json"), "w") as f:
+    json.dump(report, f, indent=2, default=float)
+  return report
+
+
+def main(argv: list[str]) -> int:
+  p = cli.setup(_argv_with_slice(argv), verb="dryrun <benchmark>", more_flags=define_flags,
+                compiles_only_with_topology=True, one_process=True, reads_no_data=True)
+  return errors.EXIT_SUCCESS if run(p)["passed"] else errors.EXIT_CHECK_FAILED
+
+
+if __name__ == "__main__":
+  cli.run_main(main)

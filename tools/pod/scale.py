@@ -1,0 +1,456 @@
+"""Runs on TPU slices, predicted from their compiled programs: `./run.sh scale <benchmark>|all`.
+
+  ./run.sh scale all [--points=FILE] [--chips=16,64] [--output_dir=runs/scale] [--plot=PATH.png]
+                     [--cache_dir=runs/compile_cache] [--refresh] [--fit [--fit_on=16]]
+
+Each point of the points file (`tools.pod.points`; by default Google's 18 MLPerf v0.6
+TPU-v3 submissions, 16 to 1024 chips, from their logs) names a benchmark, a preset with its
+overrides, a TPU slice, the steps and evaluations of the run and, optionally, what was measured.
+For every point it compiles the real train and eval steps for the slice (libtpu, no TPU needed;
+`harness.compile_only`), prices them with the step-time model (`stepmodel.steptime`: each
+kernel's FLOPs and HBM bytes, the collectives on the slice's torus, the compiled schedule) and
+predicts the run:
+
+  minutes = (startup_s + train_steps x step + evaluations x eval_steps x eval step
+             + final_scoring_s) / 60
+
+with the host terms the point declares (`host`: time on the host inside the timed run that no
+device program shows). It prints, per point, the measured and modelled train step with their
+ratio and model FLOPs utilization (the benchmark's analytic FLOPs of the point's batch over the
+slice's bf16 peak, at each step time), the published and modelled minutes with their ratio,
+and the mean absolute percentage error (MAPE) of both over the points the model's constants
+were fitted on and over the held-out ones; it writes `<output_dir>/scale_<benchmark>.json` (per
+point: `modelled_step_ms`, `measured_step_ms`, `modelled_mfu`, `measured_mfu`,
+`modelled_minutes`, `published_minutes`, their ratios, the model's terms and the full compile
+summary) and a PNG (`--plot`): modelled against measured steps, and the
+minutes per slice.
+
+`--fit` fits the model's constants for each TPU generation (`hardware.Calibration`: the
+per-kernel overhead, the achieved fraction of HBM bandwidth, the ICI latency; at most three) to
+the measured steps of the points `--fit_on` names (chip counts or point names), prints them and
+uses them for this run; the constants the model uses by default are the generation's, in
+`stepmodel/accelerators.py`, where a fit is recorded.
+
+Cache: a full-size compile takes 1 to 6 minutes on a 2-core machine; compiled programs are kept
+in `--cache_dir` (`harness.compile_cache`: keyed by benchmark, config, topology and
+compiler versions, checked file by file against the code that compiled them). A rerun with
+nothing changed compiles nothing; a change to the step-time model re-reads the cached programs;
+a change to the code a benchmark runs recompiles it. `--refresh` recompiles regardless.
+
+Compiler flags: libtpu reads its flags (LIBTPU_INIT_ARGS) once per process, and a preset may
+set some (`libtpu_flags`: the v3 pod presets' asynchronous collectives). A point whose flags
+differ from those this process's libtpu loaded with is compiled in a child process started with
+its own (`tools.pod.compile_point`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Callable
+
+from absl import flags
+
+from benchmarks import config as config_lib
+from harness import flags as flags_lib
+from runtime.errors import UserError
+from tools.pod import points as points_lib
+from tools.pod.points import Point
+
+WITHIN = 0.10                      # |modelled / measured - 1| within this counts as a match
+
+# `./run.sh scale`'s flags: (kind, name, default, help[, enum values]), `harness.flags.define`.
+FLAGS = (
+    ("string", "points", points_lib.DEFAULT, "The points file (JSON, tools/pod/points.py): "
+     "by default Google's MLPerf v0.6 TPU-v3 submissions."),
+    ("string", "chips", "", "Only the points on slices of these many chips (comma-separated; "
+     "default: every point)."),
+    ("string", "output_dir", os.path.join("runs", "scale"),
+     "Where scale_<benchmark>.json and the plot go."),
+    ("string", "plot", None, "PNG path of the plot (default <output_dir>/scale_<benchmark>.png)."),
+    ("string", "cache_dir", os.path.join("runs", "compile_cache"),
+     "Compile summaries by key (module docstring)."),
+    ("bool", "refresh", False, "Recompile every point, ignoring the cache."),
+    ("bool", "with_eval", True, "Compile and time the eval step too."),
+    ("enum", "overlap", "schedule", "Which reading of the step-time model is the step: the "
+     "compiled schedule's, or its bounds none (collectives after the kernels) and full "
+     "(collectives hidden behind them).", ["schedule", "none", "full"]),
+    ("bool", "fit", False, "Fit the model's constants on the --fit_on points' measured steps "
+     "and use them (module docstring)."),
+    ("string", "fit_on", "16", "With --fit: the points to fit on, as chip counts or point names "
+     "(comma-separated)."),
+)
+
+
+# --- points (no jax) ----------------------------------------------------------------------------
+
+def select(all_points: list[Point], benchmark: str, chips: list[int] | None = None
+           ) -> list[Point]:
+  """The points of one benchmark (or `all`), optionally only those on some slice sizes."""
+  names = sorted({p.benchmark for p in all_points})
+  if benchmark != "all" and benchmark not in names:
+    raise UserError(f"scale {benchmark}: the points file has no {benchmark} point; choose one of "
+                    f"{', '.join(names)} or all")
+  chosen = [p for p in all_points if benchmark in ("all", p.benchmark)]
+  if chips:
+    have = sorted({p.chips for p in chosen})
+    missing = [c for c in chips if c not in have]
+    if missing:
+      raise UserError(f"--chips={','.join(map(str, missing))}: the points of {benchmark} are on "
+                      f"{', '.join(map(str, have))} chips")
+    chosen = [p for p in chosen if p.chips in chips]
+  return chosen
+
+
+def parse_chips(text: str) -> list[int]:
+  try:
+    return [int(t) for t in text.split(",") if t.strip()]
+  except ValueError:
+    raise UserError(f"--chips={text}: comma-separated integers, e.g. 16,64") from None
+
+
+def fit_set(chosen: list[Point], text: str) -> list[Point]:
+  """The points `--fit_on` names (chip counts or point names), among those chosen."""
+  wanted = [t.strip() for t in text.split(",") if t.strip()]
+  picked = [p for p in chosen if p.name in wanted or str(p.chips) in wanted]
+  if not picked:
+    raise UserError(f"--fit_on={text}: no chosen point has these chip counts or names")
+  if not all(p.measured_step_ms for p in picked):
+    bare = [p.name for p in picked if not p.measured_step_ms]
+    raise UserError(f"--fit_on={text}: {', '.join(bare)} has no measured train_step_ms")
+  return picked
+
+
+# --- the prediction -----------------------------------------------------------------------------
+
+def predict(point: Point, summary: dict, fitted: bool = False) -> dict[str, Any]:
+  """Minutes for the point's steps and evaluations at the modelled step times, beside what
+  was measured and published."""
+  train = (summary.get("train") or {}).get("model")
+  if not train:
+    raise UserError(f"{point.name}: the compile summary has no step-time model (was it compiled "
+                    f"for a TPU topology, and did it fit?)")
+  evals = (summary.get("eval") or {}).get("model")
+  step_s = train["step_s"]
+  eval_step_s = evals["step_s"] if evals else 0.0
+  eval_steps = point.eval_steps or summary["dataset"]["eval_steps"]
+  terms = {"startup_s": point.host.get("startup_s", 0.0),
+           "train_s": point.train_steps * step_s,
+           "eval_s": point.evaluations * eval_steps * eval_step_s,
+           "final_scoring_s": point.host.get("final_scoring_s", 0.0)}
+  minutes = sum(terms.values()) / 60
+  measured = point.measured_step_ms
+  published = point.published_minutes
+  mfu = (summary.get("prediction") or {}).get("mfu")
+  eval_s = eval_steps * eval_step_s
+  measured_eval = point.measured.get("eval_on_device_s")
+  return {
+      "modelled_step_ms": step_s * 1e3, "measured_step_ms": measured,
+      "step_ratio": step_s * 1e3 / measured if measured else None,
+      "modelled_eval_s": eval_s, "measured_eval_s": measured_eval,
+      "eval_ratio": eval_s / measured_eval if measured_eval else None,
+      "modelled_minutes": minutes, "published_minutes": published,
+      "minutes_ratio": minutes / published if published else None,
+      "fitted": fitted, "eval_steps": eval_steps, "eval_step_ms": eval_step_s * 1e3,
+      "train_steps": point.train_steps, "evaluations": point.evaluations,
+      "minutes_terms": {k: v / 60 for k, v in terms.items()},
+      "step_terms": {k: train[k] for k in ("kernels", "kernel_s", "compute_s", "memory_s",
+                                           "vector_s", "overhead_s", "collective_s",
+                                           "exposed_collective_s", "compiler_estimate_s")},
+      "bounds_ms": {k: v * 1e3 for k, v in train["bounds"].items()},
+      "calibration": train["calibration"], "fits": summary.get("fits"),
+      # The same model FLOPs at Google's measured step (`compile_only.utilization`).
+      "modelled_mfu": mfu,
+      "measured_mfu": mfu * step_s * 1e3 / measured if mfu and measured else None,
+  }
+
+
+# LIBTPU_INIT_ARGS as the user set it, before any point added its preset's `libtpu_flags`.
+_USER_LIBTPU_ARGS = os.environ.get("LIBTPU_INIT_ARGS", "")
+
+
+def _compiled(point: Point, cfg, *, with_eval, say, cache_dir, refresh):
+  from runtime import tpu_flags
+  from stepmodel import topology
+  # Before jax starts: the host backend stays on CPU; naming the slice keeps libtpu quiet.
+  topology.prepare_host(topology.parse(point.topology))
+  from harness import compile_only
+  want = tpu_flags.merged(cfg.libtpu_flags, _USER_LIBTPU_ARGS)
+  here = " ".join(os.environ.get(tpu_flags.VARIABLE, "").split())
+  if tpu_flags.loaded() and want != here:
+    # This process's libtpu loaded with another point's flags (it reads them once).
+    from tools.pod import compile_point
+    raw = compile_point.in_child(point, want, with_eval=with_eval, say=say,
+                                 cache_dir=cache_dir, refresh=refresh)
+  else:
+    if want != here:
+      tpu_flags.check(cfg.libtpu_flags)
+      os.environ[tpu_flags.VARIABLE] = want
+    raw = compile_only.facts(point.benchmark, cfg, point.topology, with_eval=with_eval, say=say,
+                             cache_dir=cache_dir, refresh=refresh)
+  return raw, compile_only.read(raw, cfg)
+
+
+def _fit(compiled: list[tuple[Point, Any]], fit_on: list[Point],
+         say: Callable[[str], None]) -> dict[str, Any]:
+  """A calibration per TPU generation, fitted on the measured steps of `fit_on`."""
+  from stepmodel import steptime
+  names = {p.name for p in fit_on}
+  by_gen: dict[str, list] = {}
+  for point, (_, steps) in compiled:
+    if point.name in names and steps["train"] is not None:
+      prepared = steps["train"][1]
+      by_gen.setdefault(prepared.gen.name, []).append(
+          (prepared, point.measured_step_ms / 1e3, point.name))
+  out = {}
+  for gen, pairs in by_gen.items():
+    cal = steptime.fit([(p, m) for p, m, _ in pairs], label=", ".join(n for _, _, n in pairs),
+                       points=[n for _, _, n in pairs])
+    say(f"fitted on {cal.fitted_on}: {cal.kernel_overhead_s * 1e6:.2f} us per kernel, "
+        f"{cal.hbm_efficiency:.1%} of the HBM bandwidth, {cal.ici_latency_s * 1e6:.2f} us per "
+        f"ICI step")
+    out[gen] = cal
+  return out
+
+
+def run(chosen: list[Point], output_dir: str, plot_path: str | None, cache_dir: str,
+        refresh: bool = False, with_eval: bool = True, say: Callable[[str], None] = print,
+        overlap: str = "schedule", fit_on: list[Point] | None = None,
+        compiled: Callable | None = None) -> dict[str, list[dict]]:
+  """Predicts every point (compiled from the cache where it can), prints the table, writes the
+  JSON and the plot. `compiled(point, cfg, ...)` -> (raw facts, `compile_only.read`) defaults to
+  compiling (tests pass a stand-in); `fit_on`: fit the constants on these points first."""
+  compiled = compiled or _compiled
+  done = []
+  for point in chosen:
+    cfg = points_lib.config(point)
+    say(f"{point.name}: {point.benchmark} on {point.topology} ...")
+    done.append((point, (cfg, *compiled(point, cfg, with_eval=with_eval, say=say,
+                                        cache_dir=cache_dir, refresh=refresh))))
+  calibrations = _fit([(p, c[1:]) for p, c in done], fit_on, say) if fit_on else {}
+  from harness import compile_only
+  from stepmodel import accelerators as hardware
+  rows: dict[str, list[dict]] = {}
+  for point, (cfg, raw, steps) in done:
+    gen = hardware.GENERATIONS[point.topology.split(":")[0]]
+    cal = calibrations.get(gen.name, gen.calibration)
+    summary = compile_only.summarize(raw, cfg, overlap, cal, steps)
+    fitted = point.name in cal.points
+    row = {"point": dataclasses.asdict(point) | {"chips": point.chips},
+           "prediction": predict(point, summary, fitted), "summary": summary}
+    rows.setdefault(point.benchmark, []).append(row)
+    say(line(row))
+  os.makedirs(output_dir, exist_ok=True)
+  for name, bm_rows in rows.items():
+    say(f"\n{name}: train step and minutes from run_start to run_stop, measured and modelled")
+    say(table(bm_rows))
+  every = [r for bm_rows in rows.values() for r in bm_rows]
+  say("\n" + errors(every))
+  label = next(iter(rows)) if len(rows) == 1 else "all"
+  out = os.path.join(output_dir, f"scale_{label}.json")
+  with open(out, "w") as f:
+    json.dump({"benchmarks": rows, "within": WITHIN, "mape": mapes(every),
+               "at_or_below_measured": at_or_below(every)}, f, indent=1,
+              default=float)
+  png = plot_path or os.path.join(output_dir, f"scale_{label}.png")
+  plot(rows, png)
+  say(f"wrote {out} and {png}")
+  return rows
+
+
+# --- output -------------------------------------------------------------------------------------
+
+HEAD = ("point", "topology", "batch", "measured step ms", "modelled step ms", "ratio",
+        "measured MFU", "modelled MFU", "published min", "modelled min", "ratio", "fitted")
+
+
+def _ratio(x) -> str:
+  return "" if x is None else f"{x:.2f}"
+
+
+def _percent(x) -> str:
+  return "" if x is None else f"{x:.1%}"
+
+
+def _cells(row: dict) -> tuple[str, ...]:
+  point, p = row["point"], row["prediction"]
+  fit = "" if p["fits"] is not False else " (no fit)"
+  batch = point["overrides"].get("global_batch_size", "")
+  return (point["name"], point["topology"], str(batch),
+          "" if p["measured_step_ms"] is None else f"{p['measured_step_ms']:.1f}",
+          f"{p['modelled_step_ms']:.1f}{fit}", _ratio(p["step_ratio"]),
+          _percent(p.get("measured_mfu")), _percent(p.get("modelled_mfu")),
+          "" if p["published_minutes"] is None else f"{p['published_minutes']:.2f}",
+          f"{p['modelled_minutes']:.2f}", _ratio(p["minutes_ratio"]),
+          "fitted" if p["fitted"] else "held out")
+
+
+def line(row: dict) -> str:
+  return "  " + ", ".join(f"{h} {c}" for h, c in zip(HEAD, _cells(row)) if c)
+
+
+def table(rows: list[dict]) -> str:
+  cells = [HEAD] + [_cells(r) for r in rows]
+  widths = [max(len(c[i]) for c in cells) for i in range(len(HEAD))]
+
+  def fmt(c):
+    return "| " + " | ".join(x.rjust(w) for x, w in zip(c, widths)) + " |"
+  return "\n".join([fmt(cells[0]), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+                   + [fmt(c) for c in cells[1:]])
+
+
+def _mape_groups(rows: list[dict]) -> dict[str, Any]:
+  out = {}
+  for group in ("fitted", "held_out"):
+    mine = [r["prediction"] for r in rows if r["prediction"]["fitted"] == (group == "fitted")]
+    for what, model, truth in (("step", "modelled_step_ms", "measured_step_ms"),
+                               ("minutes", "modelled_minutes", "published_minutes")):
+      pairs = [(p[model], p[truth]) for p in mine if p[truth]]
+      out[f"{group}_{what}"] = {
+          "points": len(pairs), "mape_pct": points_lib.mape(pairs),
+          "within": sum(abs(m / t - 1) <= WITHIN for m, t in pairs)}
+  return out
+
+
+def mapes(rows: list[dict]) -> dict[str, Any]:
+  """MAPE (%) of the step and of the minutes over the fitted and the held-out points, with
+  how many points each has and how many are within WITHIN; the same per benchmark."""
+  names = list(dict.fromkeys(r["point"]["benchmark"] for r in rows))
+  return {**_mape_groups(rows), "by_benchmark": {
+      n: _mape_groups([r for r in rows if r["point"]["benchmark"] == n]) for n in names}}
+
+
+def at_or_below(rows: list[dict]) -> dict[str, list[int]]:
+  """[points whose modelled step is at most the measured one, points with a measured step],
+  over all points and per benchmark: how many of meshperf's programs would be as fast as
+  Google's measured steps on the same slices."""
+  def count(mine):
+    ratios = [r["prediction"]["modelled_step_ms"] / r["prediction"]["measured_step_ms"]
+              for r in mine if r["prediction"]["measured_step_ms"]]
+    return [sum(x <= 1.0 for x in ratios), len(ratios)]
+  names = list(dict.fromkeys(r["point"]["benchmark"] for r in rows))
+  return {"all points": count(rows),
+          **{n: count([r for r in rows if r["point"]["benchmark"] == n]) for n in names}}
+
+
+def errors(rows: list[dict]) -> str:
+  m = mapes(rows)
+  lines = [f"{label:>12}: {k} of {n} points' modelled step at or below the measured step"
+           for label, (k, n) in at_or_below(rows).items() if n]
+  for label, groups in [("all points", m)] + list(m["by_benchmark"].items()):
+    for key, v in groups.items():
+      if key == "by_benchmark" or not v["points"]:
+        continue
+      group, what = key.rsplit("_", 1)
+      lines.append(f"{label:>12}: {what:>7} MAPE over the {v['points']} "
+                   f"{group.replace('_', '-')} points: {v['mape_pct']:.1f}% ({v['within']} "
+                   f"within {WITHIN:.0%})")
+  return "\n".join(lines)
+
+
+def plot(rows: dict[str, list[dict]], path: str) -> None:
+  """Modelled against measured train steps (all benchmarks), then the minutes per slice, one
+  panel per benchmark."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  from matplotlib.ticker import FuncFormatter
+  fig, axes = plt.subplots(1, len(rows) + 1, figsize=(5.2 * (len(rows) + 1), 4.4),
+                           squeeze=False)
+  ax = axes[0][0]
+  steps = [(r["prediction"]["measured_step_ms"], r["prediction"]["modelled_step_ms"], name,
+            r["prediction"]["fitted"]) for name, bm_rows in rows.items() for r in bm_rows
+           if r["prediction"]["measured_step_ms"]]
+  if steps:
+    lo = min(min(a, b) for a, b, _, _ in steps) / 1.3
+    hi = max(max(a, b) for a, b, _, _ in steps) * 1.3
+    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8, label="modelled = measured")
+    ax.fill_between([lo, hi], [lo * (1 - WITHIN), hi * (1 - WITHIN)],
+                    [lo * (1 + WITHIN), hi * (1 + WITHIN)], color="0.85",
+                    label=f"within {WITHIN:.0%}")
+    for i, name in enumerate(rows):
+      for fitted, marker in ((False, "o"), (True, "*")):
+        mine = [(a, b) for a, b, n, f in steps if n == name and f == fitted]
+        if mine:
+          ax.plot(*zip(*mine), marker, color=f"C{i}", ms=11 if fitted else 6, ls="none",
+                  label=f"{name}{' (fitted)' if fitted else ''}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+  ax.set_xlabel("measured train step (ms)")
+  ax.set_ylabel("modelled train step (ms)")
+  ax.set_title("train step")
+  ax.grid(True, which="both", alpha=0.3)
+  ax.legend(fontsize=7)
+  for ax, (name, bm_rows) in zip(axes[0][1:], rows.items()):
+    chips = [r["point"]["chips"] for r in bm_rows]
+    published = [r["prediction"]["published_minutes"] for r in bm_rows]
+    modelled = [r["prediction"]["modelled_minutes"] for r in bm_rows]
+    if all(published):
+      ax.plot(chips, published, "o-", label="published")
+    ax.plot(chips, modelled, "s--", label="modelled (compiled steps x the run's steps)")
+    for c, r in zip(chips, bm_rows):
+      if r["prediction"]["minutes_ratio"]:
+        ax.annotate(f"{r['prediction']['minutes_ratio']:.2f}x",
+                    (c, r["prediction"]["modelled_minutes"]), textcoords="offset points",
+                    xytext=(4, 6), fontsize=8)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_xticks(sorted(set(chips)), [str(c) for c in sorted(set(chips))])
+    ax.set_xlabel("chips")
+    ax.set_ylabel("minutes to train")
+    ax.set_title(name)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+# --- command line -------------------------------------------------------------------------------
+
+def _parse_error(e: flags.Error, fv: flags.FlagValues) -> UserError:
+  hint = f"`./run.sh scale --help` lists its flags ({', '.join('--' + n for n in fv)})"
+  return UserError(flags_lib.bad_value(e, fv) or f"{str(e).splitlines()[0]}; {hint}")
+
+
+def check_outputs(fv: flags.FlagValues) -> None:
+  """Where the results go can be written, checked before minutes of compiling."""
+  config_lib.check_writable("--output_dir", fv.output_dir)
+  if fv.plot:
+    config_lib.check_writable("--plot", fv.plot, kind="file")
+  if fv.cache_dir:
+    config_lib.check_writable("--cache_dir", fv.cache_dir)
+
+
+def main(argv: list[str]) -> int:
+  fv = flags.FlagValues()           # a fresh set per call
+  flags_lib.define(fv, FLAGS)
+  rest = argv[1:]
+  if any(a in ("--help", "-h", "--helpfull") for a in rest):
+    print(__doc__.split("\n\n")[1] + "\n\nflags:\n" + fv.get_help(include_special_flags=False))
+    return 0
+  if not rest or rest[0].startswith("-"):
+    raise UserError("name a benchmark: run.sh scale <benchmark>|all [--points=FILE] "
+                    "[--chips=16,64]")
+  try:
+    extra = fv([argv[0]] + rest[1:])[1:]
+  except flags.Error as e:
+    raise _parse_error(e, fv) from None
+  if extra:
+    raise UserError(f"unexpected argument '{extra[0]}'; flags are written --name=value")
+  chosen = select(points_lib.load(fv.points), rest[0], parse_chips(fv.chips))
+  fit_on = fit_set(chosen, fv.fit_on) if fv.fit else None
+  check_outputs(fv)
+  run(chosen, fv.output_dir, fv.plot, fv.cache_dir, fv.refresh, fv.with_eval,
+      overlap=fv.overlap, fit_on=fit_on)
+  return 0
+
+if __name__ == "__main__":
+  from harness.cli import run_main
+  run_main(main)
