@@ -126,5 +126,5 @@ case "$verb" in
   *)
     shift; bootstrap
     if wants_topology "$@"; then install_extra tpu; fi
-    exec "$VENV/bin/python" -m harness.cli "$verb" "$@" ;;
+    exec "$VENV/bin/python" -m harness.main "$verb" "$@" ;;
 esac

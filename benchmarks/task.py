@@ -43,6 +43,9 @@ class Spec:
                                    # "tokens" (real ones, padding excluded): the runs' tokens/s
   division: str = "closed"         # the division a dry run checks by default (`./run.sh
                                    # dryrun`); a run logs --division (default open)
+  tensor_dims: tuple[str, ...] = ()  # the model's dimensions whose split is tensor
+                                   # parallelism; set: a run logs MLPerf 6.1.0's precision and
+                                   # parallelism disclosures (`harness.events.disclosures`)
 
   def __post_init__(self):
     if self.cadence not in ("epochs", "samples"):

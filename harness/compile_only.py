@@ -27,8 +27,8 @@ from typing import Any, Callable
 import jax
 
 from benchmarks import registry
-from harness import compile_cache
-from harness.build import build
+from harness import build, compile_cache
+from harness.run import Run
 from harness.timeline import check_cadence, timeline
 from runtime.errors import UserError
 from stepmodel import accelerators as hardware
@@ -37,29 +37,27 @@ from stepmodel import cost, topology
 GiB = 1 << 30
 
 
-def analyze(benchmark: str, cfg, topology_name: str | None, *, with_eval: bool = True,
-            say: Callable[[str], None] = print, cache_dir: str | None = None,
-            refresh: bool = False, overlap: str = "schedule",
+def analyze(run: Run, *, with_eval: bool = True, say: Callable[[str], None] = print,
+            cache_dir: str | None = None, refresh: bool = False, overlap: str = "schedule",
             calibration: hardware.Calibration | None = None) -> dict[str, Any]:
-  """Compiles `cfg` of `benchmark` for the named slice (None: this machine's devices) and
-  returns the summary (JSON-able; `facts`, then `summarize`). A program that does not fit in
+  """Compiles `run` for its devices (its --topology's slice, or this machine's) and returns
+  the summary (JSON-able; `facts`, then `summarize`). A program that does not fit in
   HBM is summarized with `summary["fits"]` False; `refuse(summary)` turns that into a
   UserError. `overlap`: which reading of the step-time model is the step: "schedule" (the
   compiled schedule's, the default), or its bounds "none" (collectives after the kernels) and
   "full" (collectives hidden behind them); `calibration`: the model's constants (default: the
   generation's)."""
-  raw = facts(benchmark, cfg, topology_name, with_eval=with_eval, say=say,
-              cache_dir=cache_dir, refresh=refresh)
-  return summarize(raw, cfg, overlap, calibration)
+  raw = facts(run, with_eval=with_eval, say=say, cache_dir=cache_dir, refresh=refresh)
+  return summarize(raw, run.cfg, overlap, calibration)
 
 
-def facts(benchmark: str, cfg, topology_name: str | None, *, with_eval: bool = True,
-          say: Callable[[str], None] = print, cache_dir: str | None = None,
-          refresh: bool = False) -> dict[str, Any]:
-  """What compiling `cfg` gave (`compile_facts`). With `cache_dir`, a program compiled before
+def facts(run: Run, *, with_eval: bool = True, say: Callable[[str], None] = print,
+          cache_dir: str | None = None, refresh: bool = False) -> dict[str, Any]:
+  """What compiling `run` gave (`compile_facts`). With `cache_dir`, a program compiled before
   with the same config and code is read from the cache (`harness.compile_cache`)
   instead of compiled again (`refresh`: compiled regardless)."""
-  key = None
+  key, benchmark, cfg = None, run.name, run.cfg
+  topology_name = run.topology.name if run.topology else None
   if cache_dir:
     key = compile_cache.cache_key(benchmark, cfg, topology_name, with_eval,
                                   compile_cache.versions(getattr(cfg, "libtpu_flags", "")))
@@ -70,7 +68,7 @@ def facts(benchmark: str, cfg, topology_name: str | None, *, with_eval: bool = T
     if changed:
       say(f"{benchmark}: recompiling, changed since cached: {', '.join(changed[:3])}")
     code = compile_cache.file_hashes(compile_cache.loaded_code())
-  raw = compile_facts(benchmark, cfg, topology_name, with_eval=with_eval, say=say)
+  raw = compile_facts(run, with_eval=with_eval, say=say)
   if key:
     code = {**compile_cache.file_hashes([f for f in compile_cache.loaded_code()
                                          if f not in code]), **code}
@@ -78,54 +76,44 @@ def facts(benchmark: str, cfg, topology_name: str | None, *, with_eval: bool = T
   return raw
 
 
-def compile_facts(benchmark: str, cfg, topology_name: str | None, *, with_eval: bool = True,
+def compile_facts(run: Run, *, with_eval: bool = True,
                   say: Callable[[str], None] = print) -> dict[str, Any]:
-  """Compiles the steps; returns what the compiler said (`stepmodel.cost.facts` of each step) and
-  the run's context, as JSON-able data."""
-  entry = registry.BENCHMARKS[benchmark]
-  spec = entry.spec
-  topo = topology.parse(topology_name) if topology_name else None
-  devs = topology.devices(topo) if topo else jax.devices()
+  """Compiles the steps; returns what the compiler said (`stepmodel.cost.facts` of each step)
+  and the run's context, as JSON-able data."""
+  check_cadence(run.cfg, run.spec)
+  topo, devs = run.topology, run.devices
   where = topo.describe() if topo else f"{len(devs)} {devs[0].platform} device(s)"
-  seen = {}
-
-  def compiling(sharder, plan):
-    check_cadence(cfg, spec)
-    say(f"{benchmark}: compiling for {where}; mesh {dict(sharder.mesh.shape)} layout "
-        f"'{sharder.layout}'; optimizations: {', '.join(plan.enabled) or 'none'}")
-    seen.update(sharder=sharder, plan=plan)
-
-  def started(sharder, plan, task):     # the clock times the compilation alone
-    seen.update(data=task.data, flops=task.flops_per_example, t0=time.time())
-
+  planned = build.plan(run, shapes_only=True)
+  shd, data = planned.sharder, planned.task.data
+  say(f"{run.name}: compiling for {where}; mesh {dict(shd.mesh.shape)} layout "
+      f"'{shd.layout}'; optimizations: {', '.join(run.plan.enabled) or 'none'}")
+  t0 = time.time()                     # the clock times the compilation alone
   train = evals = refused = None
   try:
-    built = build(cfg, entry, devs=devs, shapes_only=True, with_eval=with_eval,
-                  eval_device=devs[0], init=False, before_task=compiling,
-                  before_compile=started)
+    built = build.compile_planned(planned, with_eval=with_eval, eval_device=devs[0],
+                                  init=False)
     train = cost.facts(built.program.train)
     evals = cost.facts(built.program.eval) if with_eval else None
   except Exception as e:
-    if "RESOURCE_EXHAUSTED" not in str(e) or "t0" not in seen:
+    if "RESOURCE_EXHAUSTED" not in str(e):
       raise
     # The TPU compiler itself refuses a program that cannot fit in HBM.
     refused = f"the TPU compiler ran out of HBM: {str(e).splitlines()[0]}"
-  sharder, plan, data = seen["sharder"], seen["plan"], seen["data"]
   return {
-      "benchmark": benchmark,
-      "mlperf_benchmark": spec.mlperf_name,
-      "topology_name": topology_name,
+      "benchmark": run.name,
+      "mlperf_benchmark": run.spec.mlperf_name,
+      "topology_name": topo.name if topo else None,
       "devices": len(devs), "platform": devs[0].platform, "device_kind": devs[0].device_kind,
-      "coords": topology.coords(sharder.mesh.devices.flat) if topo else None,
-      "mesh": {k: int(v) for k, v in sharder.mesh.shape.items()},
-      "layout": str(sharder.layout),
-      "optimizations": list(plan.enabled),
-      "plan": plan.describe(),
+      "coords": topology.coords(shd.mesh.devices.flat) if topo else None,
+      "mesh": {k: int(v) for k, v in shd.mesh.shape.items()},
+      "layout": str(shd.layout),
+      "optimizations": list(run.plan.enabled),
+      "plan": run.plan.describe(),
       "dataset": {"name": data.name, "described": data.shapes is not None,
                   "num_train": data.num_train, "num_eval": data.num_eval,
                   "steps_per_epoch": data.steps_per_epoch, "eval_steps": data.eval_steps},
-      "compile_s": time.time() - seen["t0"],
-      "model_flops_per_example": seen["flops"],
+      "compile_s": time.time() - t0,
+      "model_flops_per_example": planned.task.flops_per_example,
       "train": train, "eval": evals, "refused": refused,
   }
 
@@ -349,13 +337,13 @@ def report(summary: dict[str, Any]) -> str:
   return "\n".join(lines)
 
 
-def run(benchmark: str, cfg, topology_name: str | None, output_dir: str,
-        cache_dir: str | None = None, say: Callable[[str], None] = print) -> dict[str, Any]:
-  """The `--compile_only` command: analyze, print, write summary.json, refuse a misfit."""
-  summary = analyze(benchmark, cfg, topology_name, say=say, cache_dir=cache_dir)
+def command(run: Run, say: Callable[[str], None] = print) -> dict[str, Any]:
+  """The `--compile_only` command: analyze, print, write summary.json in the run's output
+  folder, refuse a misfit."""
+  summary = analyze(run, say=say, cache_dir=run.options.compile_cache or None)
   say(report(summary))
-  os.makedirs(output_dir, exist_ok=True)
-  path = os.path.join(output_dir, "summary.json")
+  os.makedirs(run.options.output_dir, exist_ok=True)
+  path = os.path.join(run.options.output_dir, "summary.json")
   with open(path, "w") as f:
     json.dump(summary, f, indent=2, default=float)
   say(f"compiled in {summary['compile_s']:.0f}s; summary {path}")

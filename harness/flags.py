@@ -1,8 +1,10 @@
 """The command line's flags, built per call on a private `absl.flags.FlagValues`.
 
-A run has its own flags (`RUN_FLAGS`, defined with `define`: output folder, MLPerf submission
-fields, checkpoints, multi-host, compile-only) and one flag per field of the chosen benchmark's
-Config (`define_config_flags`), whose default is the value in the chosen `--config` preset.
+A run has its own flags (the flag fields of `harness.options.RunOptions`, defined with
+`define_options`: output folder, MLPerf submission fields, checkpoints, multi-host,
+compile-only), a tool's own (its options dataclass, the same way) and one flag per field of the
+chosen benchmark's Config (`define_config_flags`), whose default is the value in the chosen
+`--config` preset.
 Nothing is defined on absl's global `flags.FLAGS`: every parse starts from a fresh set
 (`fresh`), so one process can parse many command lines (the bad-input tests do). This module
 does not import jax.
@@ -12,64 +14,14 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import os
 import re
 import typing
 
 from absl import flags
 
 from benchmarks.registry import BENCHMARKS
+from harness import options
 from runtime.errors import UserError
-
-# The run's own flags: (kind, name, default, help[, enum values]).
-RUN_FLAGS = (
-    ("string", "config", "cpu", "Preset name (--help lists them)."),
-    ("string", "output_dir", None, "Where the MLPerf log, summary.json and checkpoints go "
-     "(default runs/<benchmark>/<timestamp>)."),
-    ("integer", "run_index", 0, "The log goes to <output_dir>/result_<run_index>.txt."),
-    ("enum", "division", "open", "MLPerf division.", ["open", "closed"]),
-    ("string", "submission_org", "meshperf", "MLPerf submission_org."),
-    ("string", "submission_platform", "", "MLPerf submission_platform (default: devices)."),
-    ("enum", "submission_status", "research", "MLPerf submission_status.",
-     ["cloud", "onprem", "preview", "research"]),
-    ("string", "submission_poc_name", "", "MLPerf submission_poc_name (default: login name)."),
-    ("string", "submission_entry", "", "MLPerf submission_entry (default: "
-     "meshperf-<benchmark>)."),
-    ("integer", "checkpoint_every", 0, "Save an orbax checkpoint every N evaluations (0: "
-     "never)."),
-    ("bool", "async_checkpoints", True, "Write checkpoints in a background thread while training "
-     "continues (orbax's async checkpointing); the next save, the run's end and a preemption "
-     "wait for it."),
-    ("bool", "resume", False, "Continue from the newest checkpoint in --output_dir."),
-    ("bool", "overwrite", False, "Replace an existing result_<run_index>.txt."),
-    ("integer", "num_runs", 1, "Runs in a row in one process: run_index K..K+N-1 (K = "
-     "--run_index) into result_K.txt ..., run i with seed --seed + i; then their times and "
-     "olympic mean (MLPerf asks 5 for resnet and ssd, 10 for transformer and lm)."),
-    ("float", "progress_every_s", 5.0, "Seconds between progress lines."),
-    ("float", "hang_timeout_s", 1800.0, "Seconds without progress (a step, a metrics fetch, an "
-     "evaluation batch, a checkpoint save) after which a stuck run ends with one line naming "
-     "the process and its last step, exit status 8; 0: never."),
-    ("integer", "nan_check_every", 10, "Steps between fetches of the training metrics to the "
-     "host (each fetch leaves the newest step on the device); a NaN or infinite loss stops the "
-     "run within this many steps plus one (exit status 4)."),
-    ("string", "profile_steps", "", "A:B: a jax.profiler trace of global steps A to B-1 in "
-     "<output_dir>/profile/run_<run_index>/ (TensorBoard's profile plugin or Perfetto); '' for "
-     "none."),
-    ("string", "coordinator_address", None, "Multi-host: host:port of process 0, or 'auto' on "
-     "TPU pods (also MESHPERF_COORDINATOR)."),
-    ("integer", "num_processes", None, "Multi-host: number of processes."),
-    ("integer", "process_id", None, "Multi-host: this process's index."),
-    ("float", "coordinator_timeout_s", 300.0, "Multi-host: seconds to wait for the coordinator "
-     "and every process at start, and for a silent or ended peer during the run; then one "
-     "error line and exit status 6."),
-    ("bool", "compile_only", False, "Compile the train and eval steps, report memory, FLOPs, "
-     "collectives and the modelled step time; train nothing."),
-    ("string", "topology", None, "With --compile_only: a TPU slice to compile for, e.g. "
-     "v3:32x32, v4:8x8x16 (needs the tpu extra, which run.sh installs)."),
-    ("string", "compile_cache", os.path.join("runs", "compile_cache"), "Compile-only runs keep "
-     "compiled programs' facts here and reuse them while config and code are unchanged ('' for "
-     "none)."),
-)
 
 
 def fresh() -> flags.FlagValues:
@@ -90,15 +42,21 @@ def mark_parsed() -> None:
     flags.FLAGS.mark_as_parsed()
 
 
-def define(fv: flags.FlagValues, rows) -> list[str]:
-  """Defines each (kind, name, default, help[, enum values]) row on `fv`; returns the names."""
-  for kind, name, default, about, *enum in rows:
-    define_fn = getattr(flags, f"DEFINE_{kind}")
-    if enum:
-      define_fn(name, default, enum[0], about, flag_values=fv)
+def define_options(cls, fv: flags.FlagValues) -> list[str]:
+  """Defines a flag on `fv` for each flag field of the options dataclass `cls`
+  (`harness.options.flag`), with its default, help and, for an enum, its choices; returns the
+  names."""
+  names = []
+  for f in options.flag_fields(cls):
+    typ, meta = options.field_type(cls, f), f.metadata
+    default = meta["text"] if meta["convert"] else f.default
+    if meta["choices"]:
+      flags.DEFINE_enum(f.name, default, list(meta["choices"]), meta["help"], flag_values=fv)
     else:
-      define_fn(name, default, about, flag_values=fv)
-  return [row[1] for row in rows]
+      {int: flags.DEFINE_integer, float: flags.DEFINE_float, str: flags.DEFINE_string,
+       bool: flags.DEFINE_bool}[typ](f.name, default, meta["help"], flag_values=fv)
+    names.append(f.name)
+  return names
 
 
 # --- one flag per Config field ------------------------------------------------------------------

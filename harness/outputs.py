@@ -11,7 +11,6 @@ its exit status (`runtime.errors`).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import fcntl
 import hashlib
 import json
@@ -19,32 +18,10 @@ import math
 import os
 import shutil
 
+from harness.options import RunOptions
 from logs import observe
 from runtime import backend, errors
 from runtime.errors import UserError
-
-
-@dataclasses.dataclass(frozen=True)
-class RunOptions:
-  """Per-run settings that are not hyperparameters (absl flags at the edge)."""
-  output_dir: str
-  run_index: int = 0
-  division: str = "open"
-  submission_org: str = "meshperf"
-  submission_platform: str = ""     # empty: derived from the devices, e.g. "8xcpu"
-  submission_status: str = "research"
-  submission_poc_name: str = ""     # empty: the user's login name (ruleset 0.6.0 requires one)
-  submission_entry: str = ""        # empty: meshperf-<benchmark> (ruleset 0.6.0 requires one)
-  checkpoint_every: int = 0         # evaluations between orbax checkpoints; 0: none
-  async_checkpoints: bool = True    # write checkpoints in the background (orbax async)
-  resume: bool = False
-  overwrite: bool = False
-  progress_every_s: float = 5.0
-  hang_timeout_s: float = 1800.0    # no progress for this long: the run ends, status 8; 0: never
-  nan_check_every: int = 10         # steps between metric fetches (a NaN stops the run within, +1)
-  prefetch: int = 2                 # batches prepared and placed on the devices ahead of the step
-  quiet: bool = False
-  profile_steps: tuple[int, int] | None = None   # (A, B): a jax.profiler trace of steps A..B-1
 
 
 def result_path(opts: RunOptions) -> str:

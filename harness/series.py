@@ -13,7 +13,11 @@ import dataclasses
 import os
 import shutil
 
-from benchmarks import registry
+import jax
+
+from harness import outputs, train
+from harness.run import Run
+from logs import results
 from runtime import errors, scratch
 
 
@@ -34,7 +38,6 @@ def compiled_once():
   folder of the series' own, removed after it, unless one is set (JAX_COMPILATION_CACHE_DIR).
   Compiling is part of the untimed init, before run_start (MLPerf training rules, "Run
   Results"): the times to train do not change, the wall time does."""
-  import jax
   if jax.config.jax_compilation_cache_dir:
     yield
     return
@@ -47,30 +50,27 @@ def compiled_once():
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def run_series(cfg, name: str, opts, n: int) -> int:
+def run_series(run: Run) -> int:
   """--num_runs=N: run_index K..K+N-1 (K = --run_index) one after another into --output_dir, run
   i with seed --seed + i (`seeded`); every index's outputs are checked before the first
   starts. A run that ends other than success or epoch_limit stops the series with its status;
   else 0 if every run reached the target, 1 if not. Prints a line per run and, at the end, the
   times to train and their olympic mean (logs.results: MLPerf's score)."""
-  import jax
-
-  from harness import outputs, train
-  from logs import results
+  opts, n = run.options, run.options.num_runs
   each = [dataclasses.replace(opts, run_index=opts.run_index + k) for k in range(n)]
   for o in each:
     outputs.check_output(o)
-  say = print if jax.process_index() == 0 else (lambda *a, **k: None)
+  say = print if run.process_index == 0 else (lambda *a, **k: None)
   times, status = [], errors.EXIT_SUCCESS
   with compiled_once():
     for k, o in enumerate(each):
-      run_cfg = seeded(cfg, o.run_index)
-      summary = train.run(run_cfg, name, o)
+      one = dataclasses.replace(run.variant(seed=run_seed(run.cfg.seed, o.run_index)), options=o)
+      summary = train.run(one)
       log = summary.get("mlperf_log") or outputs.result_path(o)
       t = results.run_time(log) if os.path.exists(log) else results.RunTime(
-          log, summary["time_to_train_s"] / 60, summary["ending"] == "success", 0, run_cfg.seed)
+          log, summary["time_to_train_s"] / 60, summary["ending"] == "success", 0, one.cfg.seed)
       times.append(t)
-      say(f"series: run {k + 1} of {n} (run_index {o.run_index}, seed {run_cfg.seed}): "
+      say(f"series: run {k + 1} of {n} (run_index {o.run_index}, seed {one.cfg.seed}): "
           f"{summary['ending']}, {results.minutes_str(t.minutes)} from run_start to run_stop, "
           f"compiled in {summary['compile_s']:.1f}s", flush=True)
       if summary["ending"] not in outputs.FINISHED:
@@ -79,7 +79,7 @@ def run_series(cfg, name: str, opts, n: int) -> int:
       if summary["ending"] != "success":
         status = errors.EXIT_EPOCH_LIMIT
   mean, why = results.olympic_mean(times)
-  mlperf_name = registry.BENCHMARKS[name].spec.mlperf_name
+  mlperf_name = run.spec.mlperf_name
   need = results.required_runs(mlperf_name)
   listed = ", ".join(f"{t.minutes:.4f}" + ("" if t.converged else " (target not reached)")
                      for t in times)

@@ -24,13 +24,12 @@ from typing import Any, Callable
 
 import jax
 
-from benchmarks import registry
 from benchmarks.task import Spec, Task
-from harness import checkpoints, prefetch, stops
-from harness.build import Built, build
+from harness import build, checkpoints, events, prefetch, stops
+from harness.build import Built
+from harness.events import Sequence
 from harness.outputs import (
   ENDINGS,
-  RunOptions,
   checkpoint_dir,
   clear_for_overwrite,
   log_path,
@@ -39,6 +38,7 @@ from harness.outputs import (
   summary_path,
   write_json,
 )
+from harness.run import Run
 from harness.step import Program, global_batch
 from harness.step import evaluate as evaluate_stats
 from harness.throughput import Throughput, device_peak
@@ -46,17 +46,8 @@ from harness.timeline import Block, batches, check_cadence, timeline
 from harness.watchdog import Watchdog
 from logs import observe
 from logs.mlperf import C, MLPerfLog
-from logs.resumed import INTERRUPTED_KEY
 from runtime import errors
 from runtime.errors import UserError
-
-
-def _login() -> str:
-  import getpass
-  try:
-    return getpass.getuser()
-  except (KeyError, OSError):
-    return "unknown"
 
 
 def _fmt_time(s: float) -> str:
@@ -109,11 +100,11 @@ def throughput_of(cfg, task: Task, spec: Spec) -> Throughput:
 @dataclasses.dataclass(frozen=True)
 class Steps:
   """What trains a block and watches its steps: the compiled program (anything with its
-  `train`), the MLPerf log its epoch events go to, the progress line, the signals that stop it
-  and the observer of its metrics and profile."""
+  `train`), the MLPerf event sequence its epoch events go to, the progress line, the signals
+  that stop it and the observer of its metrics and profile."""
   program: Any
   spec: Spec
-  log: MLPerfLog
+  events: Sequence
   progress: Progress
   signals: stops.Signals
   observer: Any = observe.NOTHING
@@ -125,7 +116,7 @@ def train_block(steps: Steps, state, block: Block, batches, window: stops.Metric
   (state, the last fetched metrics, a Stop or None). `batches` yields (global step, placed
   batch). Metrics are fetched once per window (and handed to the observer's TensorBoard events
   then)."""
-  progress, spec, log, observer = steps.progress, steps.spec, steps.log, steps.observer
+  progress, spec, seq, observer = steps.progress, steps.spec, steps.events, steps.observer
   mark = steps.watchdog.mark if steps.watchdog else (lambda *a, **k: None)
   per_epoch = progress.steps_per_epoch
   metrics: dict = {}
@@ -136,7 +127,7 @@ def train_block(steps: Steps, state, block: Block, batches, window: stops.Metric
     mark(doing=f"training step {step + 1}")
     epoch, i = divmod(step, per_epoch)
     if spec.cadence == "epochs" and (i == 0 or k == 0 and block.first_step % per_epoch):
-      log.start(C.EPOCH_START, metadata={C.EPOCH_NUM: epoch + 1})
+      seq.epoch_start(epoch + 1)
     observer.before_step(step)
     with observer.annotate(step):
       state, m = steps.program.train(state, batch)
@@ -160,33 +151,31 @@ def train_block(steps: Steps, state, block: Block, batches, window: stops.Metric
       if got and not last:
         return state, metrics, stops.Stop("preempted", step + 1, f"{got} at step {step + 1}")
     if spec.cadence == "epochs" and i == per_epoch - 1:
-      log.end(C.EPOCH_STOP, metadata={C.EPOCH_NUM: epoch + 1})
+      seq.epoch_stop(epoch + 1)
   return state, metrics, None
 
 
-def evaluate(program: Program, task: Task, state, block: Block, log: MLPerfLog,
+def evaluate(program: Program, task: Task, state, block: Block, seq: Sequence,
              watchdog: Watchdog | None = None):
   """One evaluation over the whole eval set, between its MLPerf events: (quality, seconds)."""
-  log.start(C.EVAL_START, metadata=block.at)
+  seq.eval_start(block)
   t = time.time()
   batches = task.data.eval()
   if watchdog is not None:
     batches = watchdog.each(batches, f"evaluating ({block.label})")
   quality = task.quality(evaluate_stats(program, state, batches))
   eval_s = time.time() - t
-  log.event(C.EVAL_ACCURACY, quality, metadata=block.at)
-  log.end(C.EVAL_STOP, metadata=block.at)
+  seq.eval_stop(block, quality)
   return quality, eval_s
 
 
 @dataclasses.dataclass(frozen=True)
-class Run:
-  """One run being trained: its settings, its program and what it writes to."""
-  cfg: Any
-  entry: registry.Entry
-  opts: RunOptions
+class Training:
+  """One run being trained: the run, its program and what it writes to."""
+  run: Run
   built: Built
   log: MLPerfLog
+  events: Sequence
   ckpt: checkpoints.Checkpoints
   signals: stops.Signals
   say: Callable[..., None]
@@ -194,8 +183,16 @@ class Run:
   wall_start: float
 
   @property
+  def cfg(self):
+    return self.run.cfg
+
+  @property
+  def opts(self):
+    return self.run.options
+
+  @property
   def spec(self) -> Spec:
-    return self.entry.spec
+    return self.run.spec
 
   @property
   def program(self) -> Program:
@@ -223,80 +220,46 @@ class Outcome:
     return C.SUCCESS if self.reached else C.ABORTED
 
 
-XLA_ENV_KEY = "meshperf_xla_env"   # the compilers' flags the run started with
-SUBSET_KEY = "meshperf_dataset_subset"   # a real dataset with fewer examples than published
-
-
-def xla_env() -> dict[str, str]:
-  """The environment variables that set the compilers' flags (`XLA_FLAGS`, with the run's
-  `--xla_flags`; libtpu's `LIBTPU_INIT_ARGS`), as the run's process has them."""
-  return {k: os.environ[k] for k in ("XLA_FLAGS", "LIBTPU_INIT_ARGS") if os.environ.get(k)}
-
-
-def init_keys(cfg, entry, opts: RunOptions, plan, task: Task, platform: str) -> list[tuple]:
-  """The MLPerf events a run logs between init_start and train_samples, as (key, value,
-  metadata): the submission's, the loop's own (once for every benchmark), the benchmark's."""
-  keys = [(C.SUBMISSION_BENCHMARK, entry.spec.mlperf_name),
-          (C.SUBMISSION_ORG, opts.submission_org),
-          (C.SUBMISSION_DIVISION, opts.division),
-          (C.SUBMISSION_STATUS, opts.submission_status),
-          (C.SUBMISSION_PLATFORM, platform),
-          (C.SUBMISSION_POC_NAME, opts.submission_poc_name or _login()),
-          (C.SUBMISSION_ENTRY, opts.submission_entry or f"meshperf-{entry.name}")]
-  if xla_env():
-    keys.append((XLA_ENV_KEY, xla_env()))
-  keys += [(C.SEED, cfg.seed), (C.GLOBAL_BATCH_SIZE, cfg.global_batch_size),
-           (C.GRADIENT_ACCUMULATION_STEPS, plan.accumulation_steps)]
-  return [(k, v, None) for k, v in keys] + [
-      (key, value, metadata[0] if metadata else None) for key, value, *metadata in task.hparams]
-
-
-def _setup(cfg, entry, opts: RunOptions, log: MLPerfLog, say) -> Built:
+def _build(run: Run, seq: Sequence, say) -> Built:
   """Mesh, plan, task, the init-time MLPerf events and the compiled program (bad input raises
   UserError before anything is trained)."""
-  spec = entry.spec
-
-  def init_events(sharder, plan, task):
-    observe.check_profile_steps(opts.profile_steps,
-                                cfg.max_epochs * task.data.steps_per_epoch)
-    platform = (opts.submission_platform
-                or f"{len(jax.devices())}x{jax.devices()[0].device_kind}")
-    for key, value, metadata in init_keys(cfg, entry, opts, plan, task, platform):
-      log.event(key, value, metadata=metadata)
-    data = task.data
-    say(f"{entry.name}: mesh {dict(sharder.mesh.shape)} layout '{sharder.layout}' on "
-        f"{len(jax.devices())} {jax.devices()[0].platform} device(s), {jax.process_count()} "
-        f"process(es); {data.name}: {data.num_train} train / {data.num_eval} eval examples, "
-        f"{data.steps_per_epoch} steps/epoch; optimizations: "
-        f"{', '.join(plan.enabled) or 'none'}")
-    if data.subset:
-      log.event(SUBSET_KEY, data.subset)
-      say(f"note: {data.subset}")
-
-  return build(cfg, entry, process_index=jax.process_index(),
-               process_count=jax.process_count(),
-               before_task=lambda *_: check_cadence(cfg, spec), before_compile=init_events)
+  check_cadence(run.cfg, run.spec)
+  planned = build.plan(run)
+  task, data, shd = planned.task, planned.task.data, planned.sharder
+  observe.check_profile_steps(run.options.profile_steps,
+                              run.cfg.max_epochs * data.steps_per_epoch)
+  devs = run.devices
+  platform = run.options.submission_platform or f"{len(devs)}x{devs[0].device_kind}"
+  seq.keys(events.init_keys(run, task, planned.replicas, platform))
+  say(f"{run.name}: mesh {dict(shd.mesh.shape)} layout '{shd.layout}' on {len(devs)} "
+      f"{devs[0].platform} device(s), {run.process_count} process(es); {data.name}: "
+      f"{data.num_train} train / {data.num_eval} eval examples, {data.steps_per_epoch} "
+      f"steps/epoch; optimizations: {', '.join(run.plan.enabled) or 'none'}")
+  if data.subset:
+    seq.subset(data.subset)
+    say(f"note: {data.subset}")
+  return build.compile_planned(planned)
 
 
-def run(cfg, benchmark: str, opts: RunOptions) -> dict[str, Any]:
-  """Trains `cfg` of the registered `benchmark` and returns the summary (also in
+def run(run: Run) -> dict[str, Any]:
+  """Trains `run` (its options name the output folder) and returns the summary (also in
   summary.json): its "ending" says how the run ended and "exit_status" the status for it."""
   wall_start = time.time()
-  entry, writer = registry.BENCHMARKS[benchmark], jax.process_index() == 0
+  opts, writer = run.options, run.process_index == 0
   log = MLPerfLog(writer)     # held in memory until the setup succeeded: no stub, no empty folder
+  seq = Sequence(log)
   say = (lambda *a: print(*a, flush=True)) if writer and not opts.quiet else (lambda *a: None)
 
   # --- init: everything before run_start (MLPerf allows it time) ---------------------------
-  log.event(C.CACHE_CLEAR, True)
-  log.start(C.INIT_START)
-  built = _setup(cfg, entry, opts, log, say)
+  seq.init()
+  built = _build(run, seq, say)
   program = built.program
   say(f"compiled in {program.compile_s:.1f}s: {_flops_str(program.step_cost)} per device per "
       f"step, {program.step_cost['memory_per_device'].get('total_bytes', 0) / 2**20:.1f} MiB "
       f"per device, collectives {_coll_str(program.step_cost['collectives'])}")
   if opts.overwrite and writer:
     clear_for_overwrite(opts)
-  if opts.overwrite and jax.process_count() > 1:
+  if opts.overwrite and run.process_count > 1:
     from jax.experimental import multihost_utils
     multihost_utils.sync_global_devices("meshperf: --overwrite cleared")
   ckpt = checkpoints.Checkpoints(checkpoint_dir(opts), opts.async_checkpoints)
@@ -306,14 +269,14 @@ def run(cfg, benchmark: str, opts: RunOptions) -> dict[str, Any]:
   stops.raise_if_stopped_in_setup()
   signals = stops.Signals()
   try:
-    return _train(Run(cfg, entry, opts, built, log, ckpt, signals, say, writer, wall_start))
+    return _train(Training(run, built, log, seq, ckpt, signals, say, writer, wall_start))
   finally:
     signals.restore()
     ckpt.close()
 
 
-def _train(r: Run) -> dict[str, Any]:
-  cfg, opts, log, data, spec = r.cfg, r.opts, r.log, r.data, r.spec
+def _train(r: Training) -> dict[str, Any]:
+  cfg, opts, log, seq, data, spec = r.cfg, r.opts, r.log, r.events, r.data, r.spec
   state, step = _maybe_resume(r)
   if r.writer:
     log.open(log_path(opts))      # the setup succeeded: from here on the run leaves its log
@@ -321,13 +284,11 @@ def _train(r: Run) -> dict[str, Any]:
                               opts.profile_steps, r.say)
   blocks = timeline(cfg, spec, data.steps_per_epoch, start=step)
   rates = throughput_of(cfg, r.built.task, spec)
-  log.event(C.TRAIN_SAMPLES, data.num_train)
-  log.event(C.EVAL_SAMPLES, data.num_eval)
-  log.end(C.INIT_STOP)
+  seq.init_stop(data)
   init_s = time.time() - r.wall_start
 
   # --- run: blocks of training, each followed by an evaluation -----------------------------
-  log.start(C.RUN_START)
+  seq.run_start()
   run_start = time.time()
   observer.start(run_start)
   out = Outcome(step=step)
@@ -336,14 +297,14 @@ def _train(r: Run) -> dict[str, Any]:
 
   def hung(detail: str) -> None:      # from the watchdog's thread; the main thread is stuck
     out.ending, out.error = "hung", detail
-    log.end(C.RUN_STOP, metadata={C.STATUS: out.status})
+    seq.run_stop(out.reached)
     log.close()
     if r.writer:
       write_json(summary_path(opts), summary(r, out, progress, init_s, time.time() - run_start))
 
-  watchdog = Watchdog(opts.hang_timeout_s, f"process {jax.process_index()} of "
-                      f"{jax.process_count()}", hung)
-  steps = Steps(r.program, spec, log, progress, r.signals, observer, watchdog)
+  watchdog = Watchdog(opts.hang_timeout_s, f"process {r.run.process_index} of "
+                      f"{r.run.process_count}", hung)
+  steps = Steps(r.program, spec, seq, progress, r.signals, observer, watchdog)
   shardings = r.program.batch_shardings
   placed = prefetch.Prefetch(((s, global_batch(local, shardings))
                               for s, local in batches(data, step)), depth=opts.prefetch)
@@ -351,14 +312,14 @@ def _train(r: Run) -> dict[str, Any]:
   try:
     out.ending = "epoch_limit"
     for n, block in enumerate(blocks, 1):
-      log.start(C.BLOCK_START, metadata=block.start)
+      seq.block_start(block)
       state, metrics, out.stop = train_block(steps, state, block, placed,
                                              stops.MetricsWindow(opts.nan_check_every))
       out.step = block.first_step + block.steps if out.stop is None else out.stop.step
       if out.stop is not None:
         break
-      log.end(C.BLOCK_STOP, metadata=block.stop)
-      out.quality, eval_s = evaluate(r.program, r.built.task, state, block, log, watchdog)
+      seq.block_stop(block)
+      out.quality, eval_s = evaluate(r.program, r.built.task, state, block, seq, watchdog)
       observer.evaluation(out.step, out.quality, eval_s)
       out.evals.append({**block.at, "step": out.step, "quality": out.quality,
                         "eval_s": eval_s, "train_loss": float(metrics.get("loss", float("nan"))),
@@ -404,13 +365,13 @@ def _train(r: Run) -> dict[str, Any]:
     placed.close()
     run_s = time.time() - run_start
     if out.ending == "preempted":    # never a result (`logs.resumed`), resumed or not
-      log.event(INTERRUPTED_KEY, {"signal": r.signals.received or "SIGINT", "step": out.step})
-    log.end(C.RUN_STOP, metadata={C.STATUS: out.status})
+      seq.interrupted(r.signals.received or "SIGINT", out.step)
+    seq.run_stop(out.reached)
     log.close()
     if out.stop is not None:
       out.error = out.stop.detail
     result = summary(r, out, progress, init_s, run_s)
-    result.update(observer.close(f"{r.entry.name} run {opts.run_index}: {out.ending}",
+    result.update(observer.close(f"{r.run.name} run {opts.run_index}: {out.ending}",
                                  spec.metric, spec.target(cfg)))
     if r.writer:
       write_json(summary_path(opts), result)
@@ -418,7 +379,7 @@ def _train(r: Run) -> dict[str, Any]:
   return result
 
 
-def _say_ending(r: Run, result: dict, stop: stops.Stop | None) -> None:
+def _say_ending(r: Training, result: dict, stop: stops.Stop | None) -> None:
   if stop is not None and stop.kind == "diverged":
     kept = result["last_checkpoint_step"]
     print(f"error: diverged: {stop.detail}; run_stop aborted; "
@@ -435,7 +396,7 @@ def _say_ending(r: Run, result: dict, stop: stops.Stop | None) -> None:
         f"run_stop (log {result['mlperf_log']}, summary {summary_path(r.opts)})")
 
 
-def _maybe_resume(r: Run):
+def _maybe_resume(r: Training):
   """(state, global step) from the newest checkpoint with --resume, else the initial state.
   A resumed run's log says so (`meshperf_resumed`, docs/preemption.md)."""
   state = r.built.state
@@ -447,16 +408,16 @@ def _maybe_resume(r: Run):
   if int(jax.device_get(state["step"])) != step:
     raise UserError(f"--resume: the checkpoint {step} in {r.ckpt.directory} holds "
                     f"step {int(jax.device_get(state['step']))}; it is not this loop's")
-  r.log.event("meshperf_resumed", {"from_step": step, "epoch": where.get("epoch"),
-                                   "batch_in_epoch": where.get("batch_in_epoch"),
-                                   "attempt": len(resume_logs(r.opts)) + 1,
-                                   "first_log": os.path.basename(result_path(r.opts))})
+  r.events.resumed({"from_step": step, "epoch": where.get("epoch"),
+                    "batch_in_epoch": where.get("batch_in_epoch"),
+                    "attempt": len(resume_logs(r.opts)) + 1,
+                    "first_log": os.path.basename(result_path(r.opts))})
   r.say(f"resumed from the checkpoint after step {step} (epoch {where.get('epoch')}, batch "
         f"{where.get('batch_in_epoch')}); logging to {log_path(r.opts)}")
   return state, step
 
 
-def summary(r: Run, out: Outcome, progress: Progress, init_s: float, run_s: float
+def summary(r: Training, out: Outcome, progress: Progress, init_s: float, run_s: float
             ) -> dict[str, Any]:
   """Every figure of the run, as summary.json holds it."""
   program, cfg, data, spec = r.program, r.cfg, r.data, r.spec
@@ -467,7 +428,7 @@ def summary(r: Run, out: Outcome, progress: Progress, init_s: float, run_s: floa
   median_weight = statistics.median(weights) if weights else None
   evaluating, saving = sum(e["eval_s"] for e in out.evals), sum(r.ckpt.blocked_s)
   return {
-      "benchmark": r.entry.name,
+      "benchmark": r.run.name,
       "mlperf_benchmark": spec.mlperf_name,
       "status": out.status,
       "error": out.error,
@@ -479,7 +440,7 @@ def summary(r: Run, out: Outcome, progress: Progress, init_s: float, run_s: floa
       "devices": len(jax.devices()), "platform": jax.devices()[0].platform,
       "device_kind": jax.devices()[0].device_kind,
       "processes": jax.process_count(),
-      "xla_env": xla_env(),
+      "xla_env": events.xla_env(),
       "dataset": data.name,
       "dataset_subset": data.subset or None,
       "quality_name": spec.metric,

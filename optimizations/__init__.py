@@ -173,9 +173,10 @@ def batch_axes(layout: Layout, mesh_axes) -> tuple[str, ...]:
   return tuple(a for a in layout.axes_for("batch") if a in mesh_axes)
 
 
-def plan(text: str, layout: Layout, mesh: MeshSpec) -> Plan:
-  """The step plan for `--optimizations=text` on this (resolved) mesh and layout."""
-  parsed = parse(text)
+def plan(chosen, layout: Layout, mesh: MeshSpec) -> Plan:
+  """The step plan for `--optimizations` (its text, or `parse`'s result) on this (resolved)
+  mesh and layout."""
+  parsed = parse(chosen) if isinstance(chosen, str) else tuple(chosen)
   chosen = dict(parsed)
   p = Plan(layout=layout, batch_axes=batch_axes(layout, mesh.names),
            enabled=tuple(n if a is None else f"{n}:{a}" for n, a in parsed))

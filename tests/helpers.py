@@ -2,7 +2,6 @@
 
 import dataclasses
 import importlib
-import types
 
 import jax
 import numpy as np
@@ -10,11 +9,11 @@ import optax
 import pytest
 from flax import linen as nn
 
+import optimizations
 from benchmarks.resnet import suite
 from benchmarks.resnet.config import PRESETS
 from harness import cli
 from harness import step as step_lib
-from harness.build import build_sharder
 from mesh import devices
 from mesh.sharding import Sharder
 from mesh.spec import parse_layout, parse_mesh
@@ -70,8 +69,12 @@ def single_device_steps(task, seed: int, batches):
 
 def planned(mesh: str, layout: str, opts: str = "none"):
   """(sharder, plan) for a mesh, layout and --optimizations string, as the loop builds them."""
-  return build_sharder(types.SimpleNamespace(mesh=mesh, layout=layout,
-                                             optimizations=opts))
+  spec = parse_mesh(mesh).resolve(len(jax.devices()))
+  lay = parse_layout(layout)
+  lay.check_against(spec)
+  plan = optimizations.plan(opts, lay, spec)
+  plan.layout.check_against(spec)
+  return Sharder(devices.make_mesh(spec), plan.layout), plan
 
 
 def sharded_run(task, shd: Sharder, seed: int, batches, plan=None):
@@ -112,7 +115,7 @@ def assert_described_like_read(described, read):
 
 
 def run_here(module: str, args, capfd) -> tuple[int, str, str]:
-  """An entry point's `main` (`harness.cli`, `tools.sweep.cli`, ...) called in this
+  """An entry point's `main` (`harness.main`, `tools.sweep.cli`, ...) called in this
   process with `args` as `run_main` calls it: (exit status, stdout, stderr with the last words
   `run_main` would write). Its flags are parsed on a fresh set of its own, so many command lines
   run in one process; jax is this process's (8 simulated CPU devices)."""

@@ -26,7 +26,7 @@ from runtime.errors import UserError
 from tests import helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VERBS = {"main": [sys.executable, "-m", "harness.cli"],
+VERBS = {"main": [sys.executable, "-m", "harness.main"],
          "ablate": [sys.executable, "-m", "tools.sweep.ablate"],
          "sweep": [sys.executable, "-m", "tools.sweep"],
          "scale": [sys.executable, "-m", "tools.pod.scale"],
@@ -36,7 +36,7 @@ VERBS = {"main": [sys.executable, "-m", "harness.cli"],
 # The same entry points called in this process (`tests.helpers.run_here`: each parses its flags
 # on a fresh set of its own, and ends as `run_main` ends): about 0.1-1 s a case instead of a
 # Python process that imports jax (4-6 s).
-IN_PROCESS = {"main": "harness.cli", "ablate": "tools.sweep.ablate",
+IN_PROCESS = {"main": "harness.main", "ablate": "tools.sweep.ablate",
               "sweep": "tools.sweep.cli", "scale": "tools.pod.scale",
               "throughput": "tools.perf.synthetic", "prepare": "tools.prepare.cli"}
 # What a case in this process cannot do: the shell script; simulated devices other than this

@@ -11,7 +11,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _main(capfd, *args):
-  return helpers.run_here("harness.cli", args, capfd)
+  return helpers.run_here("harness.main", args, capfd)
 
 
 def test_help_lists_the_benchmarks_flags_with_preset_values(capfd):

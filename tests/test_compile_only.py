@@ -11,6 +11,8 @@ import subprocess
 import pytest
 
 from benchmarks.lm.config import PRESETS as LM_PRESETS
+from benchmarks.registry import BENCHMARKS
+from harness import run as runs
 from runtime.errors import UserError
 from stepmodel import topology
 from tests import helpers
@@ -49,7 +51,8 @@ def _tiny_resnet(**kw):
 def resnet_v3():
   from harness import compile_only
   topology.prepare_host()
-  return compile_only.analyze("resnet", _tiny_resnet(), "v3:2x2", say=lambda s: None)
+  return compile_only.analyze(runs.on_slice(BENCHMARKS["resnet"], _tiny_resnet(), "v3:2x2"),
+                              say=lambda s: None)
 
 
 @pytest.mark.slow
@@ -162,19 +165,18 @@ def test_the_compile_cache_reuses_programs_until_their_code_changes(tmp_path, mo
   from harness import compile_only
   cfg = helpers.tiny_resnet()
   quiet = lambda s: None                                          # noqa: E731
-  first = compile_only.analyze("resnet", cfg, None, say=quiet, cache_dir=str(tmp_path))
+  first = compile_only.analyze(runs.local("resnet", cfg), say=quiet, cache_dir=str(tmp_path))
   compiles = []
   real = compile_only.compile_facts
   monkeypatch.setattr(compile_only, "compile_facts",
                       lambda *a, **k: compiles.append(1) or real(*a, **k))
-  again = compile_only.analyze("resnet", cfg, None, say=quiet, cache_dir=str(tmp_path))
+  again = compile_only.analyze(runs.local("resnet", cfg), say=quiet, cache_dir=str(tmp_path))
   assert not compiles
   drop = lambda s: {k: v for k, v in s.items() if k != "jax_version"}   # noqa: E731
   assert json.dumps(drop(again), sort_keys=True) == json.dumps(drop(first), sort_keys=True)
   doubled = dataclasses.replace(cfg, global_batch_size=2 * cfg.global_batch_size)
-  other = compile_only.analyze("resnet", doubled,
-                               None,
-                               say=quiet, cache_dir=str(tmp_path))
+  other = compile_only.analyze(runs.local("resnet", doubled), say=quiet,
+                               cache_dir=str(tmp_path))
   assert compiles == [1] and other["train"]["flops_per_device"] != first["train"][
       "flops_per_device"]
   from harness import compile_cache
@@ -188,7 +190,7 @@ def test_the_compile_cache_reuses_programs_until_their_code_changes(tmp_path, mo
   with gzip.open(entry, "wt") as f:
     json.dump(data, f)
   said = []
-  compile_only.analyze("resnet", cfg, None, say=said.append, cache_dir=str(tmp_path))
+  compile_only.analyze(runs.local("resnet", cfg), say=said.append, cache_dir=str(tmp_path))
   assert compiles == [1, 1] and any("benchmarks/resnet/model.py" in s for s in said)
 
 
@@ -202,8 +204,8 @@ def test_loop_trips_counted_in_tpu_programs():
   topology.prepare_host()
   out = {}
   for opts in ("none", "grad_accum:2"):
-    s = compile_only.analyze("resnet", _tiny_resnet(optimizations=opts), "v3:2x2",
-                             with_eval=False, say=lambda s: None)
+    run = runs.on_slice(BENCHMARKS["resnet"], _tiny_resnet(optimizations=opts), "v3:2x2")
+    s = compile_only.analyze(run, with_eval=False, say=lambda s: None)
     out[opts] = s["train"]["flops_per_device"]
   assert out["grad_accum:2"] == pytest.approx(out["none"], rel=0.15)
 

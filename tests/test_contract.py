@@ -11,7 +11,8 @@ import pytest
 from benchmarks import registry
 from benchmarks.config import Common
 from benchmarks.task import Spec
-from harness import outputs, train
+from harness import run as runs
+from harness import train
 from logs import compliance
 
 NAMES = sorted(registry.BENCHMARKS)
@@ -46,7 +47,7 @@ def test_tiny_preset_end_to_end(name, tmp_path, monkeypatch):
                             **{spec.target_field: 1e-6 if spec.higher_is_better else 1e6})
   mod.validate(cfg)
   out = tmp_path / "run"
-  summary = train.run(cfg, name, outputs.RunOptions(output_dir=str(out), quiet=True))
+  summary = train.run(runs.local(name, cfg, output_dir=str(out), quiet=True))
   assert json.loads(json.dumps(summary, default=float)) == json.loads(
       (out / "summary.json").read_text())
   assert summary["steps"] > 0 and summary["evals"] and summary["final_quality"] is not None

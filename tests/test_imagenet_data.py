@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from benchmarks.resnet import data as data_lib
-from harness import outputs, train
+from harness import run as runs
+from harness import train
 from runtime.errors import UserError
 from tests import helpers
 from tests.conftest import IMAGENET_EVAL as N_EVAL
@@ -53,8 +54,8 @@ def test_each_process_reads_its_own_shard(imagenet_dir):
 
 @pytest.mark.slow
 def test_trains_an_epoch_on_it(imagenet_dir, tmp_path):
-  s = train.run(_cfg(imagenet_dir, max_epochs=1), "resnet",
-                outputs.RunOptions(output_dir=str(tmp_path), quiet=True))
+  s = train.run(runs.local("resnet", _cfg(imagenet_dir, max_epochs=1), output_dir=str(tmp_path),
+                           quiet=True))
   assert s["dataset"] == "imagenet2012" and s["steps"] == N_TRAIN // 16
   assert s["evals"][0]["epoch_num"] == 1 and 0 <= s["final_quality"] <= 1
 

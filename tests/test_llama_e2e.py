@@ -23,7 +23,7 @@ def test_cpu_default_reaches_target_and_fails_only_the_row_length(tmp_path):
   env = dict(os.environ)
   env.pop("XLA_FLAGS", None)
   env["MESHPERF_CACHE"] = str(tmp_path / "cache")      # the corpus written from scratch
-  p = subprocess.run([sys.executable, "-m", "harness.cli", "llama", "--config=cpu",
+  p = subprocess.run([sys.executable, "-m", "harness.main", "llama", "--config=cpu",
                       "--division=closed", f"--output_dir={tmp_path / 'run'}",
                       "--progress_every_s=1000"], cwd=ROOT, env=env, capture_output=True,
                      text=True, timeout=1500, check=False)

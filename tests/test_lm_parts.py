@@ -11,13 +11,16 @@ import pytest
 import yaml
 from flax import linen as nn
 
-from benchmarks.common import disclosures
 from benchmarks.common import tokenizer as tok_lib
 from benchmarks.common import transformer as common_transformer
 from benchmarks.lm import data as data_lib
 from benchmarks.lm import suite
-from benchmarks.lm.config import LAYOUTS, PRESETS, validate
+from benchmarks.lm.config import LAYOUTS, MODEL_DIMS, PRESETS, validate
 from benchmarks.lm.model import LanguageModel
+from benchmarks.registry import BENCHMARKS
+from harness import events
+from harness import run as runs
+from harness.options import RunOptions
 from runtime.errors import UserError
 
 
@@ -183,16 +186,17 @@ def _required_keys():
   return keys
 
 
-def test_hparams_log_every_key_the_llama31_8b_rules_require(tiny):
-  _, task, _ = tiny
-  logged = [k for k, *_ in task.hparams]
+def test_the_init_keys_log_every_key_the_llama31_8b_rules_require(tiny):
+  """The benchmark's hyperparameters with the loop's own keys and the disclosures the Spec asks
+  for (`harness.events.init_keys`): every key the rules require once, before train_samples."""
+  cfg, task, _ = tiny
+  keys = events.init_keys(runs.local("lm", cfg), task, 8, "8xcpu")
+  logged = [k for k, *_ in keys]
   assert len(logged) == len(set(logged))
-  loop = {"seed", "global_batch_size", "gradient_accumulation_steps", "train_samples",
-          "eval_samples"}
-  required = {k for k in _required_keys() if not k.startswith("submission_")} - loop - {
-      "cache_clear", "init_stop", "run_start", "run_stop"}
+  required = _required_keys() - {"train_samples", "eval_samples", "cache_clear", "init_stop",
+                                 "run_start", "run_stop"}
   assert required <= set(logged), required - set(logged)
-  values = {k: v for k, v, *_ in task.hparams}
+  values = {k: v for k, v, *_ in keys}
   assert values["opt_name"] == "adamw" and values["opt_learning_rate_decay_schedule"] == \
       "cosine with linear warmup"
   assert values["config_filename"] == "benchmarks/lm/config.py:custom"
@@ -202,9 +206,12 @@ def test_hparams_log_every_key_the_llama31_8b_rules_require(tiny):
 @pytest.mark.parametrize("name,devices,tensor,data", [
     ("cpu", 8, 1, 8), ("cpu-model", 8, 8, 1), ("cpu-2d", 8, 8, 1), ("tpu-v3-512", 512, 32, 16)])
 def test_parallelism_disclosures_follow_the_layout(name, devices, tensor, data):
-  par = disclosures.parallelism(PRESETS[name], devices, suite.MODEL_DIMS)
+  # The run's mesh over `devices` (a pure function of their number: stand-ins will do).
+  run = runs.make(BENCHMARKS["lm"], PRESETS[name], tuple(range(devices)),
+                  options=RunOptions(config=name), process_index=0, process_count=1)
+  par = events.parallelism(run, MODEL_DIMS)
   assert (par["tensor"], par["context"], par["data"]) == (tensor, 1, data)
-  keys = dict((k, v) for k, v, *_ in suite.hparams(PRESETS[name], 100, devices, 1))
+  keys = dict(events.disclosures(run, 1))
   assert keys["config_filename"] == f"benchmarks/lm/config.py:{name}"
   want = "bfloat16" if name.startswith("tpu") else "fp32"
   assert keys["lowest_numerical_precision_in_linear"] == want
@@ -214,7 +221,7 @@ def test_parallelism_disclosures_follow_the_layout(name, devices, tensor, data):
 def test_layouts_name_real_model_dimensions():
   for mesh, layout in LAYOUTS.values():
     for rule in layout.split(";"):
-      assert rule.split(":")[0] in ("batch",) + suite.MODEL_DIMS, rule
+      assert rule.split(":")[0] in ("batch",) + MODEL_DIMS, rule
     assert mesh
 
 

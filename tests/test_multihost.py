@@ -64,7 +64,7 @@ def _free_port() -> int:
 
 def _start(args, out, name, x64=True):
   """A run with its stdout and stderr in out/<name>.out and out/<name>.err."""
-  return subprocess.Popen([sys.executable, "-m", "harness.cli", *args], cwd=ROOT,
+  return subprocess.Popen([sys.executable, "-m", "harness.main", *args], cwd=ROOT,
                           env=_env(x64), stdout=open(out / f"{name}.out", "w"),
                           stderr=open(out / f"{name}.err", "w"), text=True)
 

@@ -15,7 +15,8 @@ import pytest
 from matplotlib import image
 from tensorboard.backend.event_processing import event_accumulator
 
-from harness import outputs, train
+from harness import run as runs
+from harness import train
 from logs import observe
 from tests import helpers
 
@@ -28,8 +29,8 @@ def run(tmp_path_factory):
   """Two epochs of the tiny ResNet (44 steps each, two evaluations), profiled."""
   out = tmp_path_factory.mktemp("observed")
   cfg = helpers.tiny_resnet(max_epochs=2)
-  summary = train.run(cfg, "resnet", outputs.RunOptions(
-      output_dir=str(out), quiet=True, nan_check_every=WINDOW, profile_steps=PROFILED))
+  summary = train.run(runs.local("resnet", cfg, output_dir=str(out), quiet=True,
+                                 nan_check_every=WINDOW, profile_steps=PROFILED))
   return out, cfg, summary
 
 
@@ -105,8 +106,8 @@ def test_a_png_that_cannot_be_written_changes_no_ending(run, capfd):
   before = sorted(os.listdir(out / "tensorboard" / "run_0"))
   (out / "summary_1.png").mkdir()
   capfd.readouterr()
-  summary = train.run(dataclasses.replace(cfg, max_epochs=1), "resnet",
-                      outputs.RunOptions(output_dir=str(out), run_index=1, quiet=True))
+  summary = train.run(runs.local("resnet", dataclasses.replace(cfg, max_epochs=1),
+                                 output_dir=str(out), run_index=1, quiet=True))
   err = capfd.readouterr().err
   assert summary["ending"] == "epoch_limit" and summary["exit_status"] == 1
   assert summary["plot"] is None and summary["profile"] is None

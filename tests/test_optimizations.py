@@ -18,8 +18,9 @@ from jax.sharding import PartitionSpec
 import optimizations
 from benchmarks.registry import BENCHMARKS
 from benchmarks.resnet import suite
-from harness import outputs, train
+from harness import run as runs
 from harness import step as step_lib
+from harness import train
 from mesh import devices, sharding
 from mesh.spec import parse_layout, parse_mesh
 from optimizations.weight_update_sharding import ShardedUpdate, split_dims
@@ -355,7 +356,7 @@ def test_distributed_eval_equals_single_device_evaluation():
 def test_summary_shows_the_optimizations(tmp_path):
   cfg = helpers.tiny_resnet(mesh="x:4,y:2", layout="batch:x+y", max_epochs=1,
                             optimizations="grad_sum_2d,weight_update_sharding,distributed_eval")
-  s = train.run(cfg, "resnet", outputs.RunOptions(output_dir=str(tmp_path), quiet=True))
+  s = train.run(runs.local("resnet", cfg, output_dir=str(tmp_path), quiet=True))
   assert s["optimizations"] == ["grad_sum_2d", "weight_update_sharding", "distributed_eval"]
   assert s["plan"]["gradient_sum"] == "x then y" and s["plan"]["update"] == "ShardedUpdate"
   # One reduce-scatter per phase of each split parameter (the CPU backend turns the smallest,
@@ -387,7 +388,7 @@ def test_grad_accum_plan_and_log(tmp_path):
   assert _plan("grad_accum:2", "model:8", "channels:model").reduction is None
   # The loop logs MLPerf's gradient_accumulation_steps from the plan, once.
   cfg = helpers.tiny_resnet(optimizations="grad_accum:2", bn_span=2, max_epochs=1)
-  s = train.run(cfg, "resnet", outputs.RunOptions(output_dir=str(tmp_path), quiet=True))
+  s = train.run(runs.local("resnet", cfg, output_dir=str(tmp_path), quiet=True))
   assert s["plan"]["gradient_accumulation_steps"] == 2
   log = (tmp_path / "result_0.txt").read_text()
   assert log.count('"key": "gradient_accumulation_steps", "value": 2,') == 1
@@ -395,7 +396,7 @@ def test_grad_accum_plan_and_log(tmp_path):
   # A batch that does not split into replicas x micro-batches is refused before training.
   bad = helpers.tiny_resnet(optimizations="grad_accum:3", max_epochs=1)
   with pytest.raises(UserError, match="x 3 micro-batches"):
-    train.run(bad, "resnet", outputs.RunOptions(output_dir=str(tmp_path / "bad"), quiet=True))
+    train.run(runs.local("resnet", bad, output_dir=str(tmp_path / "bad"), quiet=True))
 
 
 # --- an optimization that would do nothing on a benchmark is bad input ------------------------
@@ -457,7 +458,7 @@ def test_cli_refuses_an_optimization_that_does_nothing(tmp_path):
   env = dict(os.environ)
   env.pop("XLA_FLAGS", None)
   env["MESHPERF_CACHE"] = os.path.join(tempfile.gettempdir(), "meshperf-test-cache")
-  p = subprocess.run([sys.executable, "-m", "harness.cli", "transformer",
+  p = subprocess.run([sys.executable, "-m", "harness.main", "transformer",
                       "--optimizations=spatial_partitioning", f"--output_dir={out}"],
                      cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), env=env,
                      capture_output=True, text=True, timeout=300, check=False)

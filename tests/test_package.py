@@ -17,7 +17,7 @@ from logs import results
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # ResNet-10 of width 8 on 128 synthetic examples: 4 steps and one evaluation a run, which
 # reaches the (lowered) target, so every run ends in success.
-RUN = [sys.executable, "-m", "harness.cli", "resnet", "--config=tiny", "--dataset=synthetic",
+RUN = [sys.executable, "-m", "harness.main", "resnet", "--config=tiny", "--dataset=synthetic",
        "--synthetic_examples=128", "--eval_batch_size=32", "--target_accuracy=0.01"]
 
 

@@ -16,6 +16,7 @@ from flax import linen as nn
 
 from benchmarks.registry import BENCHMARKS
 from benchmarks.resnet.model import ResNet
+from harness import run as runs
 from harness import step as step_lib
 from harness.build import build
 from tools.perf import cli, handwritten
@@ -36,7 +37,7 @@ def test_baseline_is_flax_examples_step_on_meshperfs_network():
   a = cli.parse_args(["--quick", "--batch=8"])
   devs = jax.devices()[:2]
   cfg = handwritten.resnet_config(a, len(devs))
-  built = build(cfg, BENCHMARKS["resnet"], devs=devs, with_eval=False)
+  built = build(runs.make(BENCHMARKS["resnet"], cfg, devs), with_eval=False)
   local = built.examples[0]          # the synthetic dataset's batch
   images, labels = local["image"], local["label"]
   lr, momentum, wd = 0.1, 0.9, 1e-4
@@ -111,7 +112,7 @@ def test_one_device_step_updates_after_the_backward_pass(monkeypatch):
   devs = jax.devices()[:1]
 
   def step_cost():
-    built = build(cfg, BENCHMARKS["resnet"], devs=devs, with_eval=False, init=False)
+    built = build(runs.make(BENCHMARKS["resnet"], cfg, devs), with_eval=False, init=False)
     return built.program.step_cost
 
   joined = step_cost()

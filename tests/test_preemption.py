@@ -31,7 +31,7 @@ STEPS_PER_EPOCH = 44      # the digits dataset's 1,437 training images / 32
 
 
 def _start(*args, **kw):
-  return subprocess.Popen([sys.executable, "-m", "harness.cli", *TINY, *args], cwd=ROOT,
+  return subprocess.Popen([sys.executable, "-m", "harness.main", *TINY, *args], cwd=ROOT,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 
 
@@ -246,7 +246,7 @@ def test_resume_with_another_model_shape_is_bad_input(baseline, tmp_path):
   shutil.copytree(baseline[0], out)
   os.remove(out / "summary.json")        # as a run killed before it ended leaves it
   before = sorted(os.listdir(out))
-  p = subprocess.run([sys.executable, "-m", "harness.cli", "resnet", "--model_depth=10",
+  p = subprocess.run([sys.executable, "-m", "harness.main", "resnet", "--model_depth=10",
                       "--model_width=16", "--global_batch_size=32", "--eval_batch_size=64",
                       "--bn_span=4", "--max_epochs=4", f"--output_dir={out}", "--resume"],
                      cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
@@ -309,7 +309,7 @@ def test_a_stuck_data_loader_is_caught_by_the_watchdog(imagenet_dir, tmp_path):
   import threading
   out = tmp_path / "run"
   p = subprocess.Popen(
-      [sys.executable, "-m", "harness.cli", "resnet", "--config=tiny", "--dataset=imagenet",
+      [sys.executable, "-m", "harness.main", "resnet", "--config=tiny", "--dataset=imagenet",
        f"--data_dir={imagenet_dir}", "--num_classes=1000", "--global_batch_size=8",
        "--eval_batch_size=8", "--max_epochs=50", "--data_workers=1", "--hang_timeout_s=20",
        "--progress_every_s=0", "--nan_check_every=1", f"--output_dir={out}"],
@@ -471,7 +471,7 @@ def test_a_full_disk_is_one_line_and_status_7(tmp_path):
   line, none of orbax's and tensorstore's error logs and tracebacks; summary.json agrees."""
   import shlex
   out = tmp_path / "run"
-  run = [sys.executable, "-m", "harness.cli", "resnet", "--model_depth=10",
+  run = [sys.executable, "-m", "harness.main", "resnet", "--model_depth=10",
          "--model_width=32", "--image_size=32",
          "--dataset=synthetic", "--synthetic_examples=640", "--global_batch_size=64",
          "--eval_batch_size=64", "--max_epochs=3", "--checkpoint_every=1", f"--output_dir={out}"]
@@ -519,7 +519,7 @@ def test_sigterm_during_an_evaluation_lets_it_finish_then_stops_with_a_checkpoin
   out, cache = tmp_path / "run", tmp_path / "cache"
   env = dict(os.environ, MESHPERF_CACHE=str(cache))
   p = subprocess.Popen(
-      [sys.executable, "-m", "harness.cli", "ssd", "--config=tiny", "--shapes_eval=200",
+      [sys.executable, "-m", "harness.main", "ssd", "--config=tiny", "--shapes_eval=200",
        "--max_epochs=3", f"--output_dir={out}"], cwd=ROOT, env=env,
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   log = out / "result_0.txt"

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from harness import run as runs
 from runtime.errors import UserError
 from tests import helpers
 from tools.prepare import cli
@@ -125,7 +126,7 @@ def test_imagenet_from_the_official_tars(tmp_path, capfd):
 @pytest.mark.slow
 def test_a_run_on_a_prepared_subset_says_so(tmp_path, capfd):
   """ResNet trains on the prepared folder; its log and summary say the dataset is a part."""
-  from harness import outputs, train
+  from harness import train
   src, out = tmp_path / "downloads", tmp_path / "tfds"
   src.mkdir()
   _imagenet_tars(src, np.random.default_rng(1), val_images=4)
@@ -135,7 +136,7 @@ def test_a_run_on_a_prepared_subset_says_so(tmp_path, capfd):
                             num_classes=1000, global_batch_size=8, eval_batch_size=8,
                             max_epochs=1)
   run = tmp_path / "run"
-  summary = train.run(cfg, "resnet", outputs.RunOptions(output_dir=str(run), quiet=True))
+  summary = train.run(runs.local("resnet", cfg, output_dir=str(run), quiet=True))
   note = ("imagenet2012 is not the published dataset: train 12 of 1,281,167 examples, "
           "validation 4 of 50,000 examples (a subset")
   assert summary["dataset_subset"].startswith(note)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from benchmarks import registry
+from harness import run as runs
 from harness import step as step_lib
 from harness.build import build
 from runtime.errors import UserError
@@ -18,7 +19,7 @@ from runtime.errors import UserError
 def _one_step(name: str, remat: str):
   entry = registry.BENCHMARKS[name]
   cfg = dataclasses.replace(entry.config().PRESETS["tiny"], dtype="float64", remat=remat)
-  built = build(cfg, entry)
+  built = build(runs.make(entry, cfg))
   batch = step_lib.global_batch(next(iter(built.task.data.train(0))),
                                 built.program.batch_shardings)
   state, metrics = built.program.train(built.state, batch)

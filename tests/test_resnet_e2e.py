@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from benchmarks.resnet.config import PRESETS, SPEC
-from harness import outputs, train
+from harness import run as runs
+from harness import train
 from logs import compliance
 from tests import helpers
 
@@ -21,7 +22,7 @@ def test_cpu_default_reaches_target_and_passes_checker(tmp_path):
   """Exactly what `./run.sh resnet` runs (the cpu preset), in a fresh process."""
   env = dict(os.environ)
   env.pop("XLA_FLAGS", None)
-  p = subprocess.run([sys.executable, "-m", "harness.cli", "resnet",
+  p = subprocess.run([sys.executable, "-m", "harness.main", "resnet",
                       f"--output_dir={tmp_path}", "--progress_every_s=1000"], cwd=ROOT, env=env,
                      capture_output=True, text=True, timeout=900, check=False)
   assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -49,8 +50,8 @@ def _closed_run(tmp_path, **kw):
   """A closed-division run of ResNet-50 (the closed rules of 1.1.0-2.1.0 name its tensors), of
   width 4 on 32 px digits so it compiles in about 20 s."""
   cfg = helpers.tiny_resnet(max_epochs=1, model_depth=50, model_width=4, **kw)
-  opts = outputs.RunOptions(output_dir=str(tmp_path), division="closed", quiet=True)
-  summary = train.run(cfg, "resnet", opts)
+  summary = train.run(runs.local("resnet", cfg, output_dir=str(tmp_path), division="closed",
+                                 quiet=True))
   assert summary["status"] == "aborted"      # one epoch of a tiny model cannot reach 0.98
   return compliance.check_path(str(tmp_path))
 

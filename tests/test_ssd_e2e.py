@@ -20,7 +20,7 @@ def test_cpu_default_reaches_target_and_passes_checker(tmp_path):
   env = dict(os.environ)
   env.pop("XLA_FLAGS", None)
   env["MESHPERF_CACHE"] = str(tmp_path / "cache")      # the shapes dataset written from scratch
-  p = subprocess.run([sys.executable, "-m", "harness.cli", "ssd",
+  p = subprocess.run([sys.executable, "-m", "harness.main", "ssd",
                       f"--output_dir={tmp_path / 'run'}", "--progress_every_s=1000"], cwd=ROOT,
                      env=env, capture_output=True, text=True, timeout=1500, check=False)
   assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]

@@ -14,7 +14,8 @@ import pytest
 
 from benchmarks.ssd import suite
 from benchmarks.ssd.config import PRESETS
-from harness import outputs, train
+from harness import run as runs
+from harness import train
 from harness.step import compile_program, global_batch
 from logs import compliance
 from tests import helpers
@@ -78,8 +79,8 @@ def test_closed_log_meets_every_closed_rule_but_the_target(x64, tmp_path):
   cfg = x64[0]
   out = tmp_path / "run"
   with jax.enable_x64(True):
-    summary = train.run(cfg, "ssd", outputs.RunOptions(output_dir=str(out),
-                                                           division="closed", quiet=True))
+    summary = train.run(runs.local("ssd", cfg, output_dir=str(out), division="closed",
+                                   quiet=True))
   assert summary["status"] == "aborted" and summary["steps"] == 2
   assert 0 <= summary["final_quality"] < 0.23
   assert summary["collectives_per_step"]["collective-permute"]["count"] > 0

@@ -16,6 +16,7 @@ from jax.experimental.layout import Layout
 
 from benchmarks import registry
 from benchmarks.config import validate_common
+from harness import run as runs
 from harness import step as step_lib
 from harness.build import build
 from harness.checkpoints import Checkpoints
@@ -27,7 +28,7 @@ def _column_major(x):
 
 
 def _run(cfg, entry, steps: int = 2):
-  built = build(cfg, entry)
+  built = build(runs.make(entry, cfg))
   batches = iter(built.task.data.train(0))
   state = built.state
   for _ in range(steps):

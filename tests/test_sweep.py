@@ -10,8 +10,8 @@ import os
 import pytest
 from PIL import Image
 
-from benchmarks.resnet.config import SPEC
 from benchmarks.resnet.suite import DIMENSIONS
+from harness import run as runs
 from logs import compliance
 from runtime.errors import UserError
 from tests.helpers import tiny_resnet
@@ -25,8 +25,8 @@ LABELS = ["none", "+ weight_update_sharding", "+ distributed_eval", "all"]
 
 def _sweep(out, s, cfg=None):
   said = []
-  status, rows = sweep.run("resnet", cfg or tiny_resnet(), s, str(out), command="the command",
-                           run_options={"quiet": True}, say=said.append)
+  status, rows = sweep.run(runs.local("resnet", cfg or tiny_resnet(), quiet=True), s, str(out),
+                           command="the command", say=said.append)
   return status, rows, said
 
 
@@ -127,8 +127,8 @@ def test_grid_sets_layouts_and_skips():
   assert [v.key for v in vs] == [f"{p}-{k}" for p in ("L1", "L2") for k in sets]
   assert vs[-1].optimizations == "grad_sum_2d,weight_update_sharding,grad_accum:4"
   assert {v.baseline for v in vs[:8]} == {"L1-none"} and vs[8].mesh == "x:4,y:2"
-  why = {v.key: measure.why_not(measure.configure(tiny_resnet(), v), SPEC)
-         for v in vs}
+  why = {k: r if isinstance(r, str) else None
+         for k, r in measure.runs_of(runs.local("resnet", tiny_resnet()), vs).items()}
   assert why["L1-grad_sum_2d"].startswith("grad_sum_2d needs the batch split over two mesh axes")
   assert why["L1-all"] == why["L1-grad_sum_2d"]
   assert [k for k, w in why.items() if w is None] == [

@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from benchmarks.transformer.config import PRESETS
-from harness import outputs, train
+from harness import run as runs
+from harness import train
 from logs import compliance
 
 pytestmark = pytest.mark.slow   # minutes: `./run.sh test --quick` leaves this file out
@@ -23,7 +24,7 @@ def test_cpu_default_reaches_target_and_passes_checker(tmp_path):
   env = dict(os.environ)
   env.pop("XLA_FLAGS", None)
   env["MESHPERF_CACHE"] = str(tmp_path / "cache")
-  p = subprocess.run([sys.executable, "-m", "harness.cli", "transformer",
+  p = subprocess.run([sys.executable, "-m", "harness.main", "transformer",
                       f"--output_dir={tmp_path / 'run'}", "--progress_every_s=1000"], cwd=ROOT,
                      env=env, capture_output=True, text=True, timeout=900, check=False)
   assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -45,8 +46,8 @@ def test_closed_log_meets_every_closed_rule_but_the_target(tmp_path):
       tokenizer=str(tmp_path / "spm.model"), grammar_train_examples=600,
       grammar_eval_examples=32, max_decode_length=8, max_epochs=1, truncation="truncate")
   out = tmp_path / "run"
-  summary = train.run(cfg, "transformer", outputs.RunOptions(output_dir=str(out), division="closed",
-                                                         quiet=True))
+  summary = train.run(runs.local("transformer", cfg, output_dir=str(out), division="closed",
+                                 quiet=True))
   assert summary["status"] == "aborted"
   log = (out / "result_0.txt").read_text()
   assert '"key": "max_sequence_length", "value": 32, ' in log and '"method": "truncate"' in log

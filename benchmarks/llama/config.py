@@ -25,9 +25,12 @@ from benchmarks.config import (
 from benchmarks.task import Spec
 from runtime.errors import UserError
 
+# Dimension names of the model's tensors other than batch and length (tensor parallelism).
+MODEL_DIMS = ("layers", "embed", "heads", "kv_heads", "d_kv", "d_ff", "vocab")
 SPEC = Spec(mlperf_name="llama31_8b", rulesets=("5.1.0", "6.0.0", "6.1.0"),
             metric="log perplexity", target_field="target_log_perplexity",
-            higher_is_better=False, cadence="samples", weight_unit="tokens")
+            higher_is_better=False, cadence="samples", weight_unit="tokens",
+            tensor_dims=MODEL_DIMS)
 DATASETS = ("c4", "grammar")
 MAX_STEPS = 1_200_000           # the closed rule's max_steps: the schedule's length
 LLAMA31_VOCAB = 128_256

@@ -1,6 +1,6 @@
 """llama31_8b: Llama 3.1's loss, the log perplexity of the evaluation rows, AdamW with the
 reference's schedule, and the closed MLPerf keys (`closed_llama31_8b.yaml`, rulesets 5.1.0 to
-6.1.0; the 6.1.0 disclosures from `benchmarks.common.disclosures`).
+6.1.0; the harness logs 6.1.0's disclosures, `Spec.tensor_dims`).
 
 The schedule is the reference's (mlcommons/training, `small_llm_pretraining/nemo`: NeMo's
 `WarmupAnnealHoldPolicy` with `CosineAnnealing`): at step s from 0, base * (s + 1) / (W + 1) up to
@@ -15,16 +15,14 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from benchmarks.common import disclosures
 from benchmarks.common.layers import compute_dtype
 from benchmarks.common.transformer import xent
 from benchmarks.llama import data as data_lib
 from benchmarks.llama import model as model_lib
-from benchmarks.llama.config import PRESETS, Config
+from benchmarks.llama.config import MODEL_DIMS, Config
 from benchmarks.task import TRAIN_FLOPS, LossAux, Task
 from logs.mlperf import C
 
-MODEL_DIMS = ("layers", "embed", "heads", "kv_heads", "d_kv", "d_ff", "vocab")
 DIMENSIONS = ("batch", "length") + MODEL_DIMS
 SCHEDULE = "cosine with linear warmup"
 
@@ -61,14 +59,9 @@ def optimizer(cfg: Config, lr) -> optax.GradientTransformation:
                   weight_decay=cfg.weight_decay, mask=decayed))
 
 
-def config_name(cfg: Config) -> str:
-  name = next((n for n, p in PRESETS.items() if p == cfg), "custom")
-  return f"benchmarks/llama/config.py:{name}"
-
-
-def hparams(cfg: Config, num_devices: int, micro_batch: int) -> tuple:
-  """The keys of closed_llama31_8b.yaml and 6.1.0's disclosures, but those the loop logs (seed,
-  global_batch_size, gradient_accumulation_steps, train_samples, eval_samples)."""
+def hparams(cfg: Config) -> tuple:
+  """The keys of closed_llama31_8b.yaml, but those the loop logs (seed, global_batch_size,
+  gradient_accumulation_steps, train_samples, eval_samples, the disclosures)."""
   keys = [
       (C.OPT_NAME, "adamw"),
       (C.OPT_BASE_LR, cfg.base_learning_rate),
@@ -83,8 +76,7 @@ def hparams(cfg: Config, num_devices: int, micro_batch: int) -> tuple:
       (C.OPT_GRADIENT_CLIP_NORM, cfg.gradient_clip_norm),
       (C.MAX_STEPS, cfg.max_steps),
       (C.MAX_SEQUENCE_LENGTH, cfg.max_sequence_length)]
-  return tuple(keys + disclosures.keys(cfg, num_devices, MODEL_DIMS, micro_batch,
-                                       config_name(cfg)))
+  return tuple(keys)
 
 
 def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int = 1,
@@ -123,7 +115,6 @@ def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int
   return Task(
       init=init, loss=loss, eval_stats=eval_stats, quality=quality,
       optimizer=optimizer(cfg, lr), learning_rate=lr, data=data,
-      hparams=hparams(cfg, disclosures.devices(cfg, shapes_only),
-                      max(1, cfg.global_batch_size // replicas)), remat_in_model=True,
+      hparams=hparams(cfg), remat_in_model=True,
       flops_per_example=TRAIN_FLOPS * model_lib.forward_flops(shape(cfg),
                                                               cfg.max_sequence_length))

@@ -26,10 +26,13 @@ from benchmarks.config import (
 from benchmarks.task import Spec
 from runtime.errors import UserError
 
+# Dimension names of the model's tensors other than batch and length: splitting any of them is
+# tensor (model) parallelism; splitting length would be context parallelism.
+MODEL_DIMS = ("embed", "heads", "d_kv", "d_ff", "vocab")
 SPEC = Spec(mlperf_name="llama31_8b", rulesets=("5.1.0", "6.0.0", "6.1.0"),
             metric="log perplexity", target_field="target_log_perplexity",
             higher_is_better=False, cadence="samples", weight_unit="tokens",
-            division="open")
+            division="open", tensor_dims=MODEL_DIMS)
 DATASETS = ("grammar", "lm1b", "text")
 OPTIMIZERS = ("adamw", "adam")
 

@@ -1,6 +1,6 @@
 """The language model: loss, eval log perplexity, AdamW with warmup and cosine decay, and the
 MLPerf keys of llama31_8b (rulesets 5.1.0, 6.0.0 and 6.1.0; `closed_llama31_8b.yaml` lists the
-hyperparameter keys, 6.1.0's `common.yaml` the precision and parallelism disclosures)."""
+hyperparameter keys; the harness logs 6.1.0's disclosures, `Spec.tensor_dims`)."""
 
 from __future__ import annotations
 
@@ -8,18 +8,14 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from benchmarks.common import disclosures
 from benchmarks.common.layers import compute_dtype, dropout_key
 from benchmarks.common.transformer import check_backend, padded_vocab, xent
 from benchmarks.lm import data as data_lib
-from benchmarks.lm.config import PRESETS, Config
+from benchmarks.lm.config import MODEL_DIMS, Config
 from benchmarks.lm.model import LanguageModel
 from benchmarks.task import TRAIN_FLOPS, LossAux, Task
 from logs.mlperf import C
 
-# Dimension names of the model's tensors other than batch and length: splitting any of them is
-# tensor (model) parallelism; splitting length would be context parallelism.
-MODEL_DIMS = ("embed", "heads", "d_kv", "d_ff", "vocab")
 # The logical dimensions of the model's tensors and its data: what a layout can split and what an
 # optimization can act on (`optimizations.check_applies`; a test checks them against the model).
 DIMENSIONS = ("batch", "length") + MODEL_DIMS
@@ -80,16 +76,9 @@ def optimizer(cfg: Config, lr) -> optax.GradientTransformation:
   return adam
 
 
-def config_name(cfg: Config) -> str:
-  """MLPerf config_filename: the preset this config is, or 'custom'."""
-  name = next((n for n, p in PRESETS.items() if p == cfg), "custom")
-  return f"benchmarks/lm/config.py:{name}"
-
-
-def hparams(cfg: Config, steps_per_epoch: int, num_devices: int, micro_batch: int) -> tuple:
-  """Every key closed_llama31_8b.yaml and 6.1.0's common.yaml ask for, except the ones the loop
-  logs (seed, global_batch_size, gradient_accumulation_steps, train/eval_samples).
-  `micro_batch`: examples per replica per forward pass (batch / (replicas x micro-batches))."""
+def hparams(cfg: Config, steps_per_epoch: int) -> tuple:
+  """Every key closed_llama31_8b.yaml asks for, except the ones the loop logs (seed,
+  global_batch_size, gradient_accumulation_steps, train/eval_samples, 6.1.0's disclosures)."""
   adam = "adamw" if cfg.optimizer == "adamw" else "adam"
   keys = [
       (C.OPT_NAME, cfg.optimizer),
@@ -108,8 +97,7 @@ def hparams(cfg: Config, steps_per_epoch: int, num_devices: int, micro_batch: in
       (C.MAX_STEPS, total_steps(cfg, steps_per_epoch)),
       (C.MAX_SEQUENCE_LENGTH, cfg.max_sequence_length,
        {"method": "packed" if cfg.packing else "one sentence per row"})]
-  return tuple(keys + disclosures.keys(cfg, num_devices, MODEL_DIMS, micro_batch,
-                                       config_name(cfg)))
+  return tuple(keys)
 
 
 def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int = 1,
@@ -159,6 +147,5 @@ def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int
   return Task(
       init=init, loss=loss, eval_stats=eval_stats, quality=quality,
       optimizer=optimizer(cfg, lr), learning_rate=lr, data=data,
-      hparams=hparams(cfg, data.steps_per_epoch, disclosures.devices(cfg, shapes_only),
-                      max(1, cfg.global_batch_size // replicas)),
+      hparams=hparams(cfg, data.steps_per_epoch),
       flops_per_example=TRAIN_FLOPS * model.forward_flops(cfg.max_sequence_length))

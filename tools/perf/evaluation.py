@@ -42,6 +42,10 @@ import dataclasses
 import time
 from typing import Any, Callable
 
+from benchmarks import registry
+from harness import build
+from harness import run as runs
+from harness.options import RunOptions
 from runtime import backend
 
 NAMES = ("resnet", "transformer", "ssd", "lm")
@@ -77,11 +81,10 @@ def _timed_fn(fn: Callable, acc: dict, key: str) -> Callable:
 def setup(name: str, cfg=None, devs=None, preset: str = "cpu"):
   """(cfg, `harness.build.Built`) of a benchmark (default: its `preset`, the CPU
   default) as the training loop builds it (one process), over `devs` (default: all devices)."""
-  from benchmarks import registry
-  from harness.build import build
   entry = registry.BENCHMARKS[name]
   cfg = cfg or entry.config().PRESETS[preset]
-  return cfg, build(cfg, entry, devs=devs)
+  return cfg, build.build(runs.make(entry, cfg, devs, options=RunOptions(config=preset),
+                                    process_index=0, process_count=1))
 
 
 def train_a_few(program, task, state, steps: int):

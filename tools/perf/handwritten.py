@@ -20,6 +20,10 @@ import statistics
 import time
 from typing import Any
 
+from benchmarks.registry import BENCHMARKS
+from harness import build
+from harness import run as runs
+from harness import step as step_lib
 from stepmodel import cost, hlo
 from tools.perf import timing
 
@@ -62,12 +66,10 @@ def baseline_lr(cfg):
 
 def prepare_meshperf(a, devs) -> Prepared:
   """meshperf's step as a run builds it (`harness.build`), on the synthetic batch."""
-  from benchmarks.registry import BENCHMARKS
-  from harness import step as step_lib
-  from harness.build import build
   from tools.perf.baseline import param_count
   cfg = resnet_config(a, len(devs))
-  built = build(cfg, BENCHMARKS["resnet"], devs=devs, with_eval=False, init=False)
+  built = build.build(runs.make(BENCHMARKS["resnet"], cfg, devs, process_index=0,
+                                process_count=1), with_eval=False, init=False)
   program, state = built.program, built.init()
   local = built.examples[0]              # `synthetic`'s batch, which the baseline trains on too
   batch = step_lib.global_batch(local, program.batch_shardings)

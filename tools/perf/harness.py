@@ -46,6 +46,8 @@ import tempfile
 import time
 from typing import Any
 
+from harness.events import Sequence
+from harness.options import RunOptions
 from tools.perf import timing
 from tools.perf.evaluation import preset_name, setup
 from tools.perf.report import SCALING_SLACK
@@ -59,8 +61,7 @@ HARNESS_GOAL = 1.02
 
 
 def _default(option: str):
-  """A run's default of a `harness.outputs.RunOptions` field."""
-  from harness.outputs import RunOptions
+  """A run's default of a `harness.options.RunOptions` field."""
   return RunOptions.__dataclass_fields__[option].default
 
 
@@ -130,8 +131,8 @@ class _Runner:
     block = Block(self.step_no, self.steps, {}, {}, {}, "perf")
     progress = train.Progress(10**9, self.data.steps_per_epoch, self.rates,
                               _default("progress_every_s"), False)
-    steps = train.Steps(self.watched, self.entry.spec, self.log, progress, self.signals,
-                        self.observer)
+    steps = train.Steps(self.watched, self.entry.spec, Sequence(self.log), progress,
+                        self.signals, self.observer)
     # The loop's batches carry their own global step: the block follows them.
     with contextlib.redirect_stdout(io.StringIO()):
       self.state, _, stop = train.train_block(steps, self.state, block,

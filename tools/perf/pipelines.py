@@ -45,6 +45,12 @@ import sys
 import time
 from typing import Any, Callable
 
+import jax
+
+from benchmarks import registry
+from harness import build
+from harness import run as runs
+from harness import step as step_lib
 from runtime import backend, scratch
 
 NAMES = ("resnet", "ssd", "transformer", "lm")
@@ -159,7 +165,6 @@ def _write(name: str, root: str, n: int, s: Settings) -> str:
 
 def _config(name: str, data_dir: str, s: Settings, **over):
   """The CPU default's config reading the written dataset (and `over`)."""
-  from benchmarks import registry
   cfg = registry.BENCHMARKS[name].config().PRESETS["cpu"]
   dataset = {"resnet": "imagenet", "ssd": "coco", "transformer": "wmt14", "lm": "lm1b"}[name]
   kw = dict(dataset=dataset, data_dir=data_dir)
@@ -212,19 +217,14 @@ def _variants(name: str, cfg, s: Settings) -> list[tuple[str, bool, Any]]:
 def time_step(name: str, cfg, steps: int, say) -> dict[str, float]:
   """The compiled train step of `cfg` (built as a run builds it, on all devices), one warmup
   step, then `steps` timed: ms per step and examples/s."""
-  import jax
-
-  from benchmarks import registry
-  from harness import step as step_lib
-  from harness.build import build
-  devs = jax.devices()
-  start = []        # the CPU clock as the compilation starts
-  built = build(cfg, registry.BENCHMARKS[name], devs=devs, with_eval=False, init=False,
-                before_compile=lambda *_: start.append(time.process_time()))
+  planned = build.plan(runs.make(registry.BENCHMARKS[name], cfg, process_index=0,
+                                process_count=1))
+  start = time.process_time()        # the CPU clock as the compilation starts
+  built = build.compile_planned(planned, with_eval=False, init=False)
   program, state = built.program, built.init()
   local = built.examples[0]
   say(f"    step compiled in {program.compile_s:.1f} s "
-      f"({time.process_time() - start[0]:.1f} s CPU)")
+      f"({time.process_time() - start:.1f} s CPU)")
   batch = step_lib.global_batch(local, program.batch_shardings)
   state, metrics = program.train(state, batch)
   jax.block_until_ready((state, metrics))
@@ -233,7 +233,8 @@ def time_step(name: str, cfg, steps: int, say) -> dict[str, float]:
     state, metrics = program.train(state, batch)
   jax.block_until_ready((state, metrics))
   per_step = (time.perf_counter() - w0) / steps
-  return {"global_batch": cfg.global_batch_size, "devices": len(devs), "steps": steps,
+  return {"global_batch": cfg.global_batch_size, "devices": len(planned.run.devices),
+          "steps": steps,
           "ms_per_step": per_step * 1e3, "examples_per_s": cfg.global_batch_size / per_step}
 
 

@@ -19,6 +19,7 @@ work does not depend on the values.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -27,31 +28,46 @@ import sys
 import time
 from typing import Any
 
-from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
 
 from benchmarks.data import Field
 from benchmarks.registry import BENCHMARKS
-from harness import cli
+from harness import build, cli
 from harness import flags as flags_lib
+from harness.options import flag
+from harness.run import Run
+from harness.train import throughput_of
+from mesh.spec import parse_mesh
 from runtime.errors import UserError
 
 
-def define_flags(fv: flags.FlagValues) -> list[str]:
-  return flags_lib.define(fv, (
-      ("integer", "steps", 20, "Timed training steps."),
-      ("integer", "warmup", 3, "Untimed steps first (the first one compiles nothing: the "
-       "program is compiled ahead of time)."),
-      ("bool", "fit_devices", False, "A data-parallel preset made for another device count runs "
-       "on the devices here: the same examples per device, --mesh=data:<devices>."),))
+@dataclasses.dataclass(frozen=True)
+class ThroughputOptions:
+  """`./run.sh throughput`'s own flags."""
+  steps: int = flag(20, "Timed training steps.")
+  warmup: int = flag(3, "Untimed steps first (the first one compiles nothing: the program is "
+                     "compiled ahead of time).")
+  fit_devices: bool = flag(False, "A data-parallel preset made for another device count runs "
+                           "on the devices here: the same examples per device, "
+                           "--mesh=data:<devices>.")
+
+  def check(self, o, given) -> None:
+    del given
+    if self.steps < 1:
+      raise UserError(f"--steps={self.steps}: timed steps, at least 1")
+    if self.warmup < 0:
+      raise UserError(f"--warmup={self.warmup}: untimed steps, >= 0")
+    if o.compile_only or o.topology:
+      raise UserError("./run.sh throughput runs steps on this machine's devices: drop "
+                      "--compile_only/--topology (those are `./run.sh <benchmark>`'s)")
 
 
 def synthetic_batch(fields: dict[str, Field], shardings: dict[str, Any], process_count: int,
                     seed: int) -> dict[str, Any]:
   """One global batch of the described local `fields`, drawn on the devices in the step's
   batch shardings (no host array of the global batch is ever made)."""
-  import jax
-  import jax.numpy as jnp
-  import numpy as np
 
   def values(key, f: Field, shape):
     kind, _, arg = f.values.partition(":")
@@ -90,25 +106,17 @@ def _quartiles(xs: list[float]) -> tuple[float, float, float]:
   return q[0], q[1], q[2]
 
 
-def measure(name: str, cfg, steps: int, warmup: int, say) -> dict[str, Any]:
-  """Builds `cfg` of benchmark `name`, trains it `warmup` + `steps` steps on one synthetic
-  batch and returns the figures (`throughput.json`'s entry)."""
-  import jax
-
-  from harness import build as build_lib
-  from harness.train import throughput_of
-  entry = BENCHMARKS[name]
-
-  def described(sharder, plan, task):
-    if task.data.shapes is None:
-      raise UserError(f"{name} --dataset={cfg.dataset} is read, not described: the throughput "
-                      f"check runs a hardware preset (a --config whose dataset is the real one, "
-                      f"e.g. gpu-8xh100)")
-
+def measure(run: Run, steps: int, warmup: int, say) -> dict[str, Any]:
+  """Builds `run`, trains it `warmup` + `steps` steps on one synthetic batch and returns the
+  figures (`throughput.json`'s entry)."""
+  name, cfg = run.name, run.cfg
   t = time.perf_counter()
-  built = build_lib.build(cfg, entry, process_index=jax.process_index(),
-                          process_count=jax.process_count(), shapes_only=True, with_eval=False,
-                          before_compile=described)
+  planned = build.plan(run, shapes_only=True)
+  if planned.task.data.shapes is None:
+    raise UserError(f"{name} --dataset={cfg.dataset} is read, not described: the throughput "
+                    f"check runs a hardware preset (a --config whose dataset is the real one, "
+                    f"e.g. gpu-8xh100)")
+  built = build.compile_planned(planned, with_eval=False)
   build_s = time.perf_counter() - t
   fields = built.examples[0]
   program, state = built.program, built.state
@@ -122,7 +130,7 @@ def measure(name: str, cfg, steps: int, warmup: int, say) -> dict[str, Any]:
       times.append(time.perf_counter() - t)
       weights.append(float(metrics["weight"]))
   q1, median, q3 = _quartiles(times)
-  rates = throughput_of(cfg, built.task, entry.spec)
+  rates = throughput_of(cfg, built.task, run.spec)
   weight = statistics.median(weights) if weights else None
   cost = program.step_cost
   memory = cost.get("memory_per_device") or {}
@@ -156,9 +164,6 @@ def measure(name: str, cfg, steps: int, warmup: int, say) -> dict[str, Any]:
 def fit_devices(cfg, n: int):
   """`cfg`, a data-parallel preset (a one-axis mesh, `batch` over it), on `n` devices with its
   examples per device (training and eval batches); batch-norm spans stay as they are."""
-  import dataclasses
-
-  from mesh.spec import parse_mesh
   mesh = parse_mesh(cfg.mesh)
   if len(mesh.names) != 1 or cfg.layout.replace(" ", "") != f"batch:{mesh.names[0]}" or \
       mesh.shape[0] == -1:
@@ -172,14 +177,10 @@ def fit_devices(cfg, n: int):
                              eval_batch_size=per_eval * n)
 
 
-def _check(fv) -> None:
-  if fv.steps < 1:
-    raise UserError(f"--steps={fv.steps}: timed steps, at least 1")
-  if fv.warmup < 0:
-    raise UserError(f"--warmup={fv.warmup}: untimed steps, >= 0")
-  if fv.compile_only or fv.topology:
-    raise UserError("./run.sh throughput runs steps on this machine's devices: drop "
-                    "--compile_only/--topology (those are `./run.sh <benchmark>`'s)")
+def _refit(cfg, tool: ThroughputOptions, devices):
+  """--fit_devices: the preset's examples per device on the devices here (its batches are
+  checked as it builds)."""
+  return fit_devices(cfg, len(devices)) if tool.fit_devices else cfg
 
 
 def _all(argv: list[str]) -> int:
@@ -230,21 +231,17 @@ def main(argv: list[str]) -> int:
     return 0
   if len(argv) >= 2 and argv[1] == "all":
     return _all(argv)
-  p = cli.setup(argv, verb="throughput", more_flags=define_flags, reads_no_data=True)
-  _check(p.flags)
-  import jax
-  cfg = p.cfg
-  if p.flags.fit_devices:
-    cfg = fit_devices(cfg, jax.device_count())   # its batches are checked as it builds
-  writer = jax.process_index() == 0
+  run = cli.setup(argv, verb="throughput", tool=ThroughputOptions, reads_no_data=True,
+                  refit=_refit)
+  writer = run.process_index == 0
   say = (lambda *a: print(*a, flush=True)) if writer else (lambda *a: None)
   stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-  out_dir = p.flags.output_dir or os.path.join("runs", "throughput", stamp)
-  result = {"date": datetime.date.today().isoformat(), "config": p.flags.config,
-            **measure(p.name, cfg, p.flags.steps, p.flags.warmup, say)}
+  out_dir = run.options.output_dir or os.path.join("runs", "throughput", stamp)
+  result = {"date": datetime.date.today().isoformat(), "config": run.preset,
+            **measure(run, run.tool.steps, run.tool.warmup, say)}
   if writer:
     os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, f"throughput-{p.name}.json")
+    path = os.path.join(out_dir, f"throughput-{run.name}.json")
     with open(path, "w") as f:
       json.dump(result, f, indent=1)
     say(f"throughput: {path}")

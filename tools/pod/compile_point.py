@@ -21,6 +21,8 @@ import subprocess
 import sys
 from typing import Any, Callable
 
+from benchmarks import registry
+from harness import run as runs
 from runtime import scratch
 from runtime.errors import EXIT_BAD_INPUT, RunEnded, UserError
 
@@ -73,8 +75,9 @@ def main(argv: list[str]) -> int:
   tpu_flags.add(cfg.libtpu_flags)      # already in the environment the parent gave
   topology.prepare_host(topology.parse(point.topology))
   from harness import compile_only
-  raw = compile_only.facts(point.benchmark, cfg, point.topology, with_eval=job["with_eval"],
-                           cache_dir=job["cache_dir"], refresh=job["refresh"])
+  run = runs.on_slice(registry.BENCHMARKS[point.benchmark], cfg, point.topology)
+  raw = compile_only.facts(run, with_eval=job["with_eval"], cache_dir=job["cache_dir"],
+                           refresh=job["refresh"])
   with open(job["out"], "w") as f:
     json.dump(raw, f, default=float)
   return 0

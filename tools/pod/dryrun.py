@@ -7,10 +7,10 @@ One report and one verdict line, from five checks:
 1. The program: compiled for the slice (`harness.compile_only`, libtpu on any machine;
    a CPU preset on this machine's devices; a GPU preset only on a GPU host, since XLA compiles
    for CUDA only where a GPU is): its memory per device against the HBM, the modelled step.
-2. The log: the one the run would write from `cache_clear` to `run_start` (the loop's own
-   init keys, `harness.train.init_keys`, with the task's hyperparameters), then one
-   synthetic block and evaluation at the preset's cadence whose value is the target, and
-   `run_stop`; checked by mlperf-logging's compliance checker under the ruleset and division
+2. The log: the one the run would write, through the loop's own MLPerf event sequence
+   (`harness.events`): from `cache_clear` to `run_start` with the run's init keys, then one
+   block and evaluation at the preset's cadence whose value is the target, and `run_stop`;
+   checked by mlperf-logging's compliance checker under the ruleset and division
    (keys, hyperparameter rules, evaluation cadence and metadata). `result_0.txt` in the output
    folder is that log.
 3. The init budget: init_stop in the log comes this machine's compile time after init_start,
@@ -40,19 +40,25 @@ import os
 import re
 from typing import Any
 
-from absl import flags
+from mlperf_logging import compliance_checker
 
 from benchmarks import config as config_lib
-from harness import cli
+from harness import build, cli, compile_only, events
 from harness import flags as flags_lib
+from harness.options import flag
+from harness.run import Run
+from harness.timeline import Block, timeline
+from logs import compliance, rcp
+from logs.mlperf import C, MLPerfLog
 from runtime import errors
 from runtime.errors import UserError
 
 
-def define_flags(fv: flags.FlagValues) -> list[str]:
-  return flags_lib.define(fv, (
-      ("string", "ruleset", None, "The MLPerf training ruleset to check against (default: the "
-       "newest the benchmark declares)."),))
+@dataclasses.dataclass(frozen=True)
+class DryrunOptions:
+  """`./run.sh dryrun`'s own flags."""
+  ruleset: str | None = flag(None, "The MLPerf training ruleset to check against (default: the "
+                             "newest the benchmark declares).")
 
 
 def _argv_with_slice(argv: list[str]) -> list[str]:
@@ -68,7 +74,6 @@ def _argv_with_slice(argv: list[str]) -> list[str]:
 def init_budget_minutes(ruleset: str, division: str) -> int | None:
   """The checker's limit from the first init_start to init_stop, in minutes (its
   `compile_time_mins`), or None where the ruleset sets none."""
-  from mlperf_logging import compliance_checker
   path = os.path.join(os.path.dirname(compliance_checker.__file__), f"training_{ruleset}",
                       "common.yaml")
   text = open(path).read() if os.path.exists(path) else ""
@@ -91,36 +96,15 @@ def _shifted(lines: list[str], key: str, ms: float) -> list[str]:
   return out
 
 
-def synthetic_log(path: str, cfg, entry, fv, plan, task, platform: str, compile_s: float):
-  """The log a run of `cfg` would write up to run_start, one block and an evaluation at the
-  target, then run_stop; init_stop `compile_s` after init_start."""
-  from harness import outputs
-  from harness.timeline import timeline
-  from harness.train import init_keys
-  from logs.mlperf import C, MLPerfLog
-  spec = entry.spec
-  opts = outputs.RunOptions(output_dir=os.path.dirname(path), division=fv.division,
-                            submission_org=fv.submission_org,
-                            submission_platform=fv.submission_platform,
-                            submission_status=fv.submission_status,
-                            submission_poc_name=fv.submission_poc_name,
-                            submission_entry=fv.submission_entry)
+def write_log(path: str, run: Run, planned: build.Planned, platform: str,
+              compile_s: float) -> Block:
+  """The log a run of `run` would write (`harness.events.dry_run`): its first block's
+  evaluation reaches the target; init_stop comes `compile_s` after init_start. Returns the
+  block."""
   log = MLPerfLog(True)
-  log.event(C.CACHE_CLEAR, True)
-  log.start(C.INIT_START)
-  for key, value, metadata in init_keys(cfg, entry, opts, plan, task, platform):
-    log.event(key, value, metadata=metadata)
-  log.event(C.TRAIN_SAMPLES, task.data.num_train)
-  log.event(C.EVAL_SAMPLES, task.data.num_eval)
-  log.end(C.INIT_STOP)
-  log.start(C.RUN_START)
-  block = timeline(cfg, spec, task.data.steps_per_epoch)[0]
-  log.start(C.BLOCK_START, metadata=block.start)
-  log.end(C.BLOCK_STOP, metadata=block.stop)
-  log.start(C.EVAL_START, metadata=block.at)
-  log.event(C.EVAL_ACCURACY, spec.target(cfg), metadata=block.at)
-  log.end(C.EVAL_STOP, metadata=block.at)
-  log.end(C.RUN_STOP, metadata={C.STATUS: C.SUCCESS})
+  block = timeline(run.cfg, run.spec, planned.task.data.steps_per_epoch)[0]
+  keys = events.init_keys(run, planned.task, planned.replicas, platform)
+  events.dry_run(log, keys, planned.task.data, block, run.spec.target(run.cfg))
   lines = _shifted(log.held_lines(), C.INIT_STOP, compile_s * 1000)
   log.close()
   with open(path, "w", encoding="utf-8") as f:
@@ -130,7 +114,6 @@ def synthetic_log(path: str, cfg, entry, fv, plan, task, platform: str, compile_
 
 def _minutes(summary, cfg, spec, lookup) -> dict[str, Any] | None:
   """Minutes from run_start to the RCP's mean convergence, at the modelled step times."""
-  from harness.timeline import timeline
   train, evals = summary["train"], summary["eval"]
   if lookup is None or lookup.mean is None or not train or train["model"] is None:
     return None
@@ -176,41 +159,30 @@ def _rcp_notes(lookup, cfg, records: dict) -> list[str]:
   return notes
 
 
-def run(p, say=print) -> dict[str, Any]:
-  """The dry run of the parsed command `p` (`harness.cli.setup`); returns the report."""
-  import jax
-
-  from harness import compile_only
-  from harness.build import build_sharder, check_batches
-  from logs import compliance, rcp
-  name, cfg, fv, entry = p.name, p.cfg, p.flags, p.entry
-  spec = entry.spec
-  ruleset = fv.ruleset or spec.rulesets[-1]
+def run(run: Run, say=print) -> dict[str, Any]:
+  """The dry run of `run` (`harness.cli.setup` with `DryrunOptions`); returns the report."""
+  name, cfg, o, spec = run.name, run.cfg, run.options, run.spec
+  ruleset = run.tool.ruleset or spec.rulesets[-1]
   if ruleset not in spec.rulesets:
     raise UserError(f"--ruleset={ruleset}: {name} logs as {spec.mlperf_name}, which the "
                     f"installed checker defines in {', '.join(spec.rulesets)}")
-  division = fv.division if fv["division"].present else spec.division
-  fv.division = division
+  division = o.division if "division" in run.given else spec.division
+  run = run.with_options(division=division)
   stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-  out = fv.output_dir or os.path.join("runs", name, f"dryrun-{fv.config}-{stamp}")
-  where = fv.topology or f"{len(jax.devices())} {jax.devices()[0].platform} device(s)"
-  say(f"dryrun {name} --config={fv.config} on {where}: {division} division, ruleset {ruleset}")
-  if fv.config.startswith("gpu") and jax.devices()[0].platform != "gpu":
-    raise UserError(f"--config={fv.config} is a GPU preset and this machine has no GPU: XLA "
+  out = o.output_dir or os.path.join("runs", name, f"dryrun-{o.config}-{stamp}")
+  devs = run.devices
+  where = o.topology or f"{len(devs)} {devs[0].platform} device(s)"
+  say(f"dryrun {name} --config={o.config} on {where}: {division} division, ruleset {ruleset}")
+  if o.config.startswith("gpu") and devs[0].platform != "gpu":
+    raise UserError(f"--config={o.config} is a GPU preset and this machine has no GPU: XLA "
                     f"compiles for CUDA only where a GPU is; run the dry run on the GPU host")
-  summary = compile_only.analyze(name, cfg, fv.topology, say=say,
-                                 cache_dir=fv.compile_cache or None)
-  devs = jax.devices() if not fv.topology else None
-  if devs is None:
-    from stepmodel import topology
-    devs = topology.devices(topology.parse(fv.topology))
-  sharder, plan = build_sharder(cfg, devs)
-  task = entry.build()(cfg, replicas=check_batches(cfg, sharder, plan, 1), shapes_only=True)
+  summary = compile_only.analyze(run, say=say, cache_dir=o.compile_cache or None)
+  planned = build.plan(run, shapes_only=True)
   os.makedirs(out, exist_ok=True)
   log_path = os.path.join(out, "result_0.txt")
   compile_s = summary["compile_s"]
-  platform = fv.submission_platform or f"{len(devs)}x{devs[0].device_kind}"
-  block = synthetic_log(log_path, cfg, entry, fv, plan, task, platform, compile_s)
+  platform = o.submission_platform or f"{len(devs)}x{devs[0].device_kind}"
+  block = write_log(log_path, run, planned, platform, compile_s)
   checked = compliance.check_file(log_path, ruleset)
   records = {r["key"]: r["value"] for r in compliance.read_log(log_path)}
   budget = init_budget_minutes(ruleset, division)
@@ -270,7 +242,7 @@ def run(p, say=print) -> dict[str, Any]:
   verdict = ("PASS" if not fails else "FAIL: " + "; ".join(fails))
   lines.append(f"verdict: {verdict}")
   say("\n".join(lines))
-  report = {"benchmark": name, "config": fv.config, "topology": fv.topology,
+  report = {"benchmark": name, "config": o.config, "topology": o.topology,
             "ruleset": ruleset, "division": division, "verdict": verdict, "passed": not fails,
             "failures": fails, "log": log_path, "checker_messages": list(checked.messages),
             "init_budget_minutes": budget, "compile_s": compile_s,
@@ -282,9 +254,9 @@ def run(p, say=print) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-  p = cli.setup(_argv_with_slice(argv), verb="dryrun <benchmark>", more_flags=define_flags,
+  r = cli.setup(_argv_with_slice(argv), verb="dryrun <benchmark>", tool=DryrunOptions,
                 compiles_only_with_topology=True, one_process=True, reads_no_data=True)
-  return errors.EXIT_SUCCESS if run(p)["passed"] else errors.EXIT_CHECK_FAILED
+  return errors.EXIT_SUCCESS if run(r)["passed"] else errors.EXIT_CHECK_FAILED
 
 
 if __name__ == "__main__":

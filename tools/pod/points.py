@@ -1,4 +1,4 @@
-"""Points to predict, as data: `./run.sh scale --points=FILE` (no jax import here).
+"""Points to predict, as data: `./run.sh scale --points=FILE`.
 
 A points file is JSON: `{"about": "...", "points": [point, ...]}`, each point a run to predict:
 
@@ -38,7 +38,9 @@ from typing import Any
 
 from benchmarks import config as config_lib
 from benchmarks import registry
+from harness import run as runs
 from runtime.errors import UserError
+from stepmodel import topology
 
 DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "points",
                        "google-v0.6-tpu-v3.json")
@@ -64,7 +66,6 @@ class Point:
 
   @property
   def chips(self) -> int:
-    from stepmodel import topology
     return topology.parse(self.topology).num_chips
 
   @property
@@ -162,8 +163,6 @@ def config(point: Point):
 def check(point: Point, where: str) -> None:
   """What can be checked before compiling: the benchmark, preset, config fields and values,
   the topology, the mesh against the slice's devices and the batches against the mesh."""
-  from mesh.spec import parse_layout, parse_mesh
-  from stepmodel import topology
   if point.benchmark not in registry.BENCHMARKS:
     raise UserError(f"{where}: unknown benchmark '{point.benchmark}'; choose one of "
                     f"{', '.join(registry.BENCHMARKS)}")
@@ -172,10 +171,8 @@ def check(point: Point, where: str) -> None:
     config_lib.validate_common(cfg)
     registry.BENCHMARKS[point.benchmark].config().validate(cfg)
     topo = topology.parse(point.topology)
-    mesh = parse_mesh(cfg.mesh)
-    layout = parse_layout(cfg.layout)
-    layout.check_dimensions(registry.BENCHMARKS[point.benchmark].dimensions(),
-                            point.benchmark)
+    strings = runs.parse(registry.BENCHMARKS[point.benchmark], cfg)
+    mesh, layout = strings.mesh, strings.layout
   except UserError as e:
     raise UserError(f"{where}: {e}") from None
   try:

@@ -53,34 +53,40 @@ from typing import Any, Callable
 from absl import flags
 
 from benchmarks import config as config_lib
+from benchmarks import registry
 from harness import flags as flags_lib
+from harness import options
+from harness import run as runs
+from harness.options import flag
 from runtime.errors import UserError
 from tools.pod import points as points_lib
 from tools.pod.points import Point
 
 WITHIN = 0.10                      # |modelled / measured - 1| within this counts as a match
 
-# `./run.sh scale`'s flags: (kind, name, default, help[, enum values]), `harness.flags.define`.
-FLAGS = (
-    ("string", "points", points_lib.DEFAULT, "The points file (JSON, tools/pod/points.py): "
-     "by default Google's MLPerf v0.6 TPU-v3 submissions."),
-    ("string", "chips", "", "Only the points on slices of these many chips (comma-separated; "
-     "default: every point)."),
-    ("string", "output_dir", os.path.join("runs", "scale"),
-     "Where scale_<benchmark>.json and the plot go."),
-    ("string", "plot", None, "PNG path of the plot (default <output_dir>/scale_<benchmark>.png)."),
-    ("string", "cache_dir", os.path.join("runs", "compile_cache"),
-     "Compile summaries by key (module docstring)."),
-    ("bool", "refresh", False, "Recompile every point, ignoring the cache."),
-    ("bool", "with_eval", True, "Compile and time the eval step too."),
-    ("enum", "overlap", "schedule", "Which reading of the step-time model is the step: the "
-     "compiled schedule's, or its bounds none (collectives after the kernels) and full "
-     "(collectives hidden behind them).", ["schedule", "none", "full"]),
-    ("bool", "fit", False, "Fit the model's constants on the --fit_on points' measured steps "
-     "and use them (module docstring)."),
-    ("string", "fit_on", "16", "With --fit: the points to fit on, as chip counts or point names "
-     "(comma-separated)."),
-)
+@dataclasses.dataclass(frozen=True)
+class ScaleOptions:
+  """`./run.sh scale`'s flags (`harness.flags.define_options`)."""
+  points: str = flag(points_lib.DEFAULT, "The points file (JSON, tools/pod/points.py): by "
+                     "default Google's MLPerf v0.6 TPU-v3 submissions.")
+  chips: str = flag("", "Only the points on slices of these many chips (comma-separated; "
+                    "default: every point).")
+  output_dir: str = flag(os.path.join("runs", "scale"), "Where scale_<benchmark>.json and the "
+                         "plot go.")
+  plot: str | None = flag(None, "PNG path of the plot (default "
+                          "<output_dir>/scale_<benchmark>.png).")
+  cache_dir: str = flag(os.path.join("runs", "compile_cache"), "Compile summaries by key "
+                        "(module docstring).")
+  refresh: bool = flag(False, "Recompile every point, ignoring the cache.")
+  with_eval: bool = flag(True, "Compile and time the eval step too.")
+  overlap: str = flag("schedule", "Which reading of the step-time model is the step: the "
+                      "compiled schedule's, or its bounds none (collectives after the kernels) "
+                      "and full (collectives hidden behind them).",
+                      choices=("schedule", "none", "full"))
+  fit: bool = flag(False, "Fit the model's constants on the --fit_on points' measured steps "
+                   "and use them (module docstring).")
+  fit_on: str = flag("16", "With --fit: the points to fit on, as chip counts or point names "
+                     "(comma-separated).")
 
 
 # --- points (no jax) ----------------------------------------------------------------------------
@@ -187,8 +193,9 @@ def _compiled(point: Point, cfg, *, with_eval, say, cache_dir, refresh):
     if want != here:
       tpu_flags.check(cfg.libtpu_flags)
       os.environ[tpu_flags.VARIABLE] = want
-    raw = compile_only.facts(point.benchmark, cfg, point.topology, with_eval=with_eval, say=say,
-                             cache_dir=cache_dir, refresh=refresh)
+    run = runs.on_slice(registry.BENCHMARKS[point.benchmark], cfg, point.topology)
+    raw = compile_only.facts(run, with_eval=with_eval, say=say, cache_dir=cache_dir,
+                             refresh=refresh)
   return raw, compile_only.read(raw, cfg)
 
 
@@ -419,18 +426,18 @@ def _parse_error(e: flags.Error, fv: flags.FlagValues) -> UserError:
   return UserError(flags_lib.bad_value(e, fv) or f"{str(e).splitlines()[0]}; {hint}")
 
 
-def check_outputs(fv: flags.FlagValues) -> None:
+def check_outputs(o: ScaleOptions) -> None:
   """Where the results go can be written, checked before minutes of compiling."""
-  config_lib.check_writable("--output_dir", fv.output_dir)
-  if fv.plot:
-    config_lib.check_writable("--plot", fv.plot, kind="file")
-  if fv.cache_dir:
-    config_lib.check_writable("--cache_dir", fv.cache_dir)
+  config_lib.check_writable("--output_dir", o.output_dir)
+  if o.plot:
+    config_lib.check_writable("--plot", o.plot, kind="file")
+  if o.cache_dir:
+    config_lib.check_writable("--cache_dir", o.cache_dir)
 
 
 def main(argv: list[str]) -> int:
   fv = flags.FlagValues()           # a fresh set per call
-  flags_lib.define(fv, FLAGS)
+  flags_lib.define_options(ScaleOptions, fv)
   rest = argv[1:]
   if any(a in ("--help", "-h", "--helpfull") for a in rest):
     print(__doc__.split("\n\n")[1] + "\n\nflags:\n" + fv.get_help(include_special_flags=False))
@@ -444,11 +451,12 @@ def main(argv: list[str]) -> int:
     raise _parse_error(e, fv) from None
   if extra:
     raise UserError(f"unexpected argument '{extra[0]}'; flags are written --name=value")
-  chosen = select(points_lib.load(fv.points), rest[0], parse_chips(fv.chips))
-  fit_on = fit_set(chosen, fv.fit_on) if fv.fit else None
-  check_outputs(fv)
-  run(chosen, fv.output_dir, fv.plot, fv.cache_dir, fv.refresh, fv.with_eval,
-      overlap=fv.overlap, fit_on=fit_on)
+  o = options.from_flags(ScaleOptions, fv)
+  chosen = select(points_lib.load(o.points), rest[0], parse_chips(o.chips))
+  fit_on = fit_set(chosen, o.fit_on) if o.fit else None
+  check_outputs(o)
+  run(chosen, o.output_dir, o.plot, o.cache_dir, o.refresh, o.with_eval, overlap=o.overlap,
+      fit_on=fit_on)
   return 0
 
 if __name__ == "__main__":

@@ -27,26 +27,36 @@ Markdown and plots, and resumes where it stopped.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
-from absl import flags
-
+import optimizations
 from benchmarks import config as config_lib
 from harness import cli
-from harness import flags as flags_lib
+from harness.options import flag
 from runtime.errors import UserError
 from tools.sweep import measure, tables
 from tools.sweep.grid import Variant
 
 
-def define_flags(fv: flags.FlagValues) -> list[str]:
-  """ablate's own flags on `fv` (`harness.cli.setup`); returns their names."""
-  return flags_lib.define(fv, (
-      ("integer", "ablate_steps", 10, "Timed training steps per variant per round (0: compile "
-       "only, no timing)."),
-      ("integer", "ablate_rounds", 3, "Timing rounds, each variant taking turns with its "
-       "baseline."),
-      ("string", "ablate_json", None, "Also write the results to this JSON file.")))
+@dataclasses.dataclass(frozen=True)
+class AblateOptions:
+  """ablate's own flags (`harness.cli.setup`)."""
+  ablate_steps: int = flag(10, "Timed training steps per variant per round (0: compile only, "
+                           "no timing).")
+  ablate_rounds: int = flag(3, "Timing rounds, each variant taking turns with its baseline.")
+  ablate_json: str | None = flag(None, "Also write the results to this JSON file.")
+
+  def check(self, o, given) -> None:
+    """ablate's own flags, before anything is compiled: the JSON path can be written."""
+    del o, given
+    if self.ablate_steps < 0:
+      raise UserError(f"--ablate_steps={self.ablate_steps}: timed steps per variant, >= 0 (0: "
+                      f"compile only)")
+    if self.ablate_rounds < 1:
+      raise UserError(f"--ablate_rounds={self.ablate_rounds}: at least 1 timing round")
+    if self.ablate_json:
+      config_lib.check_writable("--ablate_json", self.ablate_json, kind="file")
 
 
 def variants(ablations) -> list[Variant]:
@@ -61,7 +71,6 @@ def variants(ablations) -> list[Variant]:
 
 def pod_variants(cfg) -> list[Variant]:
   """The preset's optimizations, then the preset's without each one in turn."""
-  import optimizations
   names = [o for o in cfg.optimizations.split(",") if o and o != "none"]
   sets = [("preset: " + (cfg.optimizations or "none"), cfg.optimizations)]
   for o in names:
@@ -72,41 +81,31 @@ def pod_variants(cfg) -> list[Variant]:
                   optimizations=opts, baseline="row0") for i, (label, opts) in enumerate(sets)]
 
 
-def check_flags(fv: flags.FlagValues) -> None:
-  """ablate's own flags, before anything is compiled: the JSON path can be written."""
-  if fv.ablate_steps < 0:
-    raise UserError(f"--ablate_steps={fv.ablate_steps}: timed steps per variant, >= 0 (0: "
-                    f"compile only)")
-  if fv.ablate_rounds < 1:
-    raise UserError(f"--ablate_rounds={fv.ablate_rounds}: at least 1 timing round")
-  if fv.ablate_json:
-    config_lib.check_writable("--ablate_json", fv.ablate_json, kind="file")
-
-
 def main(argv: list[str]) -> int:
-  p = cli.setup(argv, verb="ablate <benchmark>", more_flags=define_flags,
-                compiles_only_with_topology=True, one_process=True)
-  name, entry, cfg, fv = p.name, p.entry, p.cfg, p.flags
-  check_flags(fv)
+  run = cli.setup(argv, verb="ablate <benchmark>", tool=AblateOptions,
+                  compiles_only_with_topology=True, one_process=True)
+  name, o, t = run.name, run.options, run.tool
   rows: list[dict] = []
-  if fv.topology:
-    for v in pod_variants(cfg):
-      rows.append(measure.pod_row(name, cfg, v, fv.topology, fv.compile_cache or None))
+  if o.topology:
+    vs = pod_variants(run.cfg)
+    runs = measure.runs_of(run, vs)
+    for v in vs:
+      rows.append(measure.pod_row(runs[v.key], v, o.compile_cache or None))
   else:
-    vs = variants(entry.config().ABLATIONS)
-    measure.measure_local(cfg, entry, vs, fv.ablate_steps, fv.ablate_rounds,
+    vs = variants(run.entry.config().ABLATIONS)
+    measure.measure_local(measure.runs_of(run, vs), vs, t.ablate_steps, t.ablate_rounds,
                           {v.key for v in vs}, rows.append)
     order = {v.key: i for i, v in enumerate(vs)}
     rows.sort(key=lambda r: order[r["variant"]])
   if not any(r.get("status") == "done" for r in rows):
     reasons = sorted({r.get("reason") or "?" for r in rows})
-    where = fv.topology or "this machine's devices"
+    where = o.topology or "this machine's devices"
     raise UserError(f"ablate {name}: none of its {len(rows)} variants could run on {where} "
                     f"({'; '.join(reasons)[:400]}); choose a mesh or slice they fit "
                     f"(--num_cpu_devices, --mesh, --topology)")
-  print(tables.pod_table(rows, "preset") if fv.topology else tables.local_table(rows))
-  if fv.ablate_json:
-    with open(fv.ablate_json, "w") as f:
+  print(tables.pod_table(rows, "preset") if o.topology else tables.local_table(rows))
+  if t.ablate_json:
+    with open(t.ablate_json, "w") as f:
       json.dump(rows, f, indent=2)
   return 0
 

@@ -3,33 +3,45 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import shlex
 
-from absl import flags
-
 from harness import cli
-from harness import flags as flags_lib
+from harness.options import flag
 from runtime.errors import UserError
 from tools.sweep import run as sweep_run
 
 
-def define_flags(fv: flags.FlagValues) -> list[str]:
-  """The sweep's own flags on `fv` (`harness.cli.setup`); returns their names. --num_runs,
-  a run flag, is here the runs per variant."""
-  flags_lib.define(fv, (
-      ("string", "optimizations_grid", None, "Optimizations to sweep, comma-separated: none, "
-       "each alone, all but one, all on (default: every one that applies; empty or 'preset': "
-       "the preset's set only)."),
-      ("string", "layouts", None, "Placements to sweep, separated by '|': LAYOUT (on --mesh), "
-       "MESH@LAYOUT or a named layout of the benchmark, e.g. 'batch:data|x:4,y:2@batch:x+y' "
-       "(default: --mesh and --layout)."),
-      ("integer", "steps", 0, "Timed training steps per variant per round (0: compile only)."),
-      ("integer", "rounds", 3, "Timing rounds, each variant taking turns with its baseline."),
-      ("bool", "to_target", False, "Train each variant to its quality target (--num_runs seeds "
-       "each) instead of timing steps.")))
-  return ["optimizations_grid", "layouts", "steps", "rounds", "to_target", "num_runs"]
+@dataclasses.dataclass(frozen=True)
+class SweepOptions:
+  """The sweep's own flags (`harness.cli.setup`). --num_runs, a run flag, is here the runs per
+  variant."""
+  optimizations_grid: str | None = flag(
+      None, "Optimizations to sweep, comma-separated: none, each alone, all but one, all on "
+      "(default: every one that applies; empty or 'preset': the preset's set only).")
+  layouts: str | None = flag(
+      None, "Placements to sweep, separated by '|': LAYOUT (on --mesh), MESH@LAYOUT or a named "
+      "layout of the benchmark, e.g. 'batch:data|x:4,y:2@batch:x+y' (default: --mesh and "
+      "--layout).")
+  steps: int = flag(0, "Timed training steps per variant per round (0: compile only).")
+  rounds: int = flag(3, "Timing rounds, each variant taking turns with its baseline.")
+  to_target: bool = flag(False, "Train each variant to its quality target (--num_runs seeds "
+                         "each) instead of timing steps.")
+
+  def sweep(self, o) -> sweep_run.Sweep:
+    """What the sweep measures, with the run flags it reads."""
+    return sweep_run.Sweep(grid=self.optimizations_grid, layouts=self.layouts,
+                           steps=self.steps, rounds=self.rounds, to_target=self.to_target,
+                           num_runs=o.num_runs, topology=o.topology,
+                           compile_cache=o.compile_cache or None)
+
+  def check(self, o, given) -> None:
+    for flag_name, instead in NOT_FOR_SWEEPS.items():
+      if flag_name in given:
+        raise UserError(f"--{flag_name} is not a sweep's flag: {instead}")
+    self.sweep(o).check()
 
 
 NOT_FOR_SWEEPS = {"resume": "a sweep resumes by itself: rerun it with the same --output_dir",
@@ -39,22 +51,12 @@ NOT_FOR_SWEEPS = {"resume": "a sweep resumes by itself: rerun it with the same -
 
 
 def main(argv: list[str]) -> int:
-  p = cli.setup(argv, verb="sweep <benchmark>", more_flags=define_flags,
-                compiles_only_with_topology=True, one_process=True)
-  name, cfg, fv = p.name, p.cfg, p.flags
-  for flag, instead in NOT_FOR_SWEEPS.items():
-    if fv[flag].present:
-      raise UserError(f"--{flag} is not a sweep's flag: {instead}")
-  sweep = sweep_run.Sweep(grid=fv.optimizations_grid, layouts=fv.layouts, steps=fv.steps,
-                          rounds=fv.rounds, to_target=fv.to_target, num_runs=fv.num_runs,
-                          topology=fv.topology, compile_cache=fv.compile_cache or None)
-  sweep.check()
+  run = cli.setup(argv, verb="sweep <benchmark>", tool=SweepOptions,
+                  compiles_only_with_topology=True, one_process=True)
+  o = run.options
+  sweep = run.tool.sweep(o)
   stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-  out = fv.output_dir or os.path.join("runs", "sweep", f"{name}-{stamp}")
-  run_options = {k: fv[k].value for k in (
-      "division", "submission_org", "submission_platform", "submission_status",
-      "submission_poc_name", "submission_entry", "checkpoint_every", "progress_every_s",
-      "nan_check_every", "hang_timeout_s", "async_checkpoints")}
+  out = o.output_dir or os.path.join("runs", "sweep", f"{run.name}-{stamp}")
   command = "./run.sh sweep " + " ".join(shlex.quote(a) for a in argv[1:])
-  status, _ = sweep_run.run(name, cfg, sweep, out, command, run_options)
+  status, _ = sweep_run.run(run, sweep, out, command)
   return status

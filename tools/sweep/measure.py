@@ -24,10 +24,10 @@ from typing import Any, Callable
 
 import jax
 
-from harness import outputs, train
+from harness import build, compile_only, outputs, train
 from harness import step as step_lib
-from harness.build import build, build_sharder, check_batches
-from harness.series import seeded
+from harness.run import Run
+from harness.series import run_seed
 from harness.timeline import check_cadence
 from harness.train import throughput_of
 from runtime import errors
@@ -45,9 +45,10 @@ Record = Callable[[dict], None]
 _SELF = {"step_ratio": 1.0, "eval_ratio": 1.0, "step_ratio_q1": 1.0, "step_ratio_q3": 1.0}
 
 
-def configure(cfg, v):
-  """`cfg` with the variant's mesh, layout and optimizations."""
-  return dataclasses.replace(cfg, mesh=v.mesh, layout=v.layout, optimizations=v.optimizations)
+def configure(run: Run, v) -> Run:
+  """`run` with the variant's mesh, layout and optimizations (UserError where its plan cannot
+  be made on the run's devices)."""
+  return run.variant(mesh=v.mesh, layout=v.layout, optimizations=v.optimizations)
 
 
 def column(kind: str) -> str:
@@ -77,17 +78,20 @@ def cost_figures(step_cost: dict) -> dict[str, Any]:
   return out
 
 
-def why_not(cfg, spec, devs=None, to_target: bool = False) -> str | None:
-  """Why a variant's config cannot run on these devices (its plan, its batches, its evaluation
-  cadence), or None; checked before anything is compiled or written."""
-  try:
-    sharder, plan = build_sharder(cfg, devs)
-    check_batches(cfg, sharder, plan, 1)
-    if to_target:
-      check_cadence(cfg, spec)
-  except UserError as e:
-    return str(e)
-  return None
+def runs_of(run: Run, variants, to_target: bool = False) -> dict[str, Run | str]:
+  """Each variant's run, or why it cannot run on these devices (its plan, its batches, its
+  evaluation cadence): checked before anything is compiled or written."""
+  out: dict[str, Run | str] = {}
+  for v in variants:
+    try:
+      r = configure(run, v)
+      build.check_batches(r.cfg, build.sharder(r), r.plan, 1)
+      if to_target:
+        check_cadence(r.cfg, r.spec)
+      out[v.key] = r
+    except UserError as e:
+      out[v.key] = str(e)
+  return out
 
 
 # --- compiled here, timed beside the baseline ---------------------------------------------------
@@ -104,18 +108,24 @@ class _Compiled:
   eval_s: list = dataclasses.field(default_factory=list)   # per round: one whole evaluation
   weights: list = dataclasses.field(default_factory=list)  # each timed step's loss weight
 
+  @property
+  def batch_size(self) -> int:
+    return self.rates.global_batch
 
-def _compile(cfg, entry, v, steps: int, say) -> tuple[_Compiled | None, str | None]:
-  c = configure(cfg, v)
+
+def _compile(run: Run | str, v, steps: int, say) -> tuple[_Compiled | None, str | None]:
+  if isinstance(run, str):
+    say(f"skipping {v.label}: {run}")
+    return None, run
   try:
-    built = build(c, entry)
+    built = build.build(run)
     batches = [b for _, b in zip(range(max(steps, 1)), built.task.data.train(0))]
   except UserError as e:
     say(f"skipping {v.label}: {e}")
     return None, str(e)
   program, state, task = built.program, built.state, built.task
   batches = [step_lib.global_batch(b, program.batch_shardings) for b in batches]
-  x = _Compiled(v, program, state, task, batches, throughput_of(c, task, entry.spec))
+  x = _Compiled(v, program, state, task, batches, throughput_of(run.cfg, task, run.spec))
   if steps:
     for b in (batches * WARMUP_STEPS)[:WARMUP_STEPS]:
       x.state, m = program.train(x.state, b)
@@ -148,7 +158,7 @@ def _take_turns(xs: list[_Compiled], rounds: int, say) -> None:
           for x in xs)))
 
 
-def _row(x: _Compiled, cfg, base: _Compiled | None) -> dict[str, Any]:
+def _row(x: _Compiled, base: _Compiled | None) -> dict[str, Any]:
   p = x.program
   row = {**describe(x.variant), "status": "done", "compile_s": p.compile_s,
          **cost_figures(p.step_cost),
@@ -158,7 +168,7 @@ def _row(x: _Compiled, cfg, base: _Compiled | None) -> dict[str, Any]:
   per_round = [statistics.median(r) for r in x.rounds]    # each round's median step
   step_s, (q1, q3) = statistics.median(per_round), timing.quartiles(per_round)
   row.update(timed_steps=sum(map(len, x.rounds)), step_ms=1e3 * step_s, step_ms_q1=1e3 * q1,
-             step_ms_q3=1e3 * q3, examples_per_s=cfg.global_batch_size / step_s,
+             step_ms_q3=1e3 * q3, examples_per_s=x.batch_size / step_s,
              eval_ms=1e3 * statistics.median(x.eval_s))
   rates = x.rates.rates(step_s, statistics.median(x.weights) if x.weights else None)
   row.update({k: rates[k] for k in THROUGHPUT})
@@ -172,12 +182,12 @@ def _row(x: _Compiled, cfg, base: _Compiled | None) -> dict[str, Any]:
   return row
 
 
-def measure_local(cfg, entry, variants, steps: int, rounds: int, pending: set[str],
-                  record: Record, say=print) -> None:
-  """Compiles the `pending` variants on this machine's devices and, with `steps`, times each
-  beside its baseline (module docstring); `record` gets each row as it is done. A variant that
-  cannot be built (its plan, batches or layout refused) is recorded as skipped, with the
-  reason."""
+def measure_local(runs: dict[str, Run | str], variants, steps: int, rounds: int,
+                  pending: set[str], record: Record, say=print) -> None:
+  """Compiles the `pending` variants (`runs`: each one's run, `runs_of`) on this machine's
+  devices and, with `steps`, times each beside its baseline (module docstring); `record` gets
+  each row as it is done. A variant that cannot be built (its plan, batches or layout refused)
+  is recorded as skipped, with the reason."""
   by_key = {v.key: v for v in variants}
   groups: dict[str, list] = {}
   for v in variants:
@@ -188,38 +198,38 @@ def measure_local(cfg, entry, variants, steps: int, rounds: int, pending: set[st
       continue
     b, base, b_pending, base_done = by_key[bkey], None, False, False
     if steps:
-      base, why = _compile(cfg, entry, b, steps, say)
+      base, why = _compile(runs[b.key], b, steps, say)
       b_pending = b in todo
       if why and b_pending:
         record(skipped(b, why))
         b_pending = False
       todo = [v for v in todo if v is not b]
     for v in todo:
-      x, why = _compile(cfg, entry, v, steps, say)
+      x, why = _compile(runs[v.key], v, steps, say)
       if why:
         record(skipped(v, why))
         continue
       if steps:
         _take_turns([base, x] if base else [x], rounds, say)
         if b_pending and not base_done:
-          record({**_row(base, cfg, None), **_SELF})
+          record({**_row(base, None), **_SELF})
           base_done = True
-      record(_row(x, cfg, base))
+      record(_row(x, base))
     if b_pending and not base_done:       # the baseline's group has nothing else to time
       _take_turns([base], rounds, say)
-      record({**_row(base, cfg, None), **_SELF})
+      record({**_row(base, None), **_SELF})
 
 
 # --- compiled for a TPU slice -------------------------------------------------------------------
 
-def pod_row(benchmark: str, cfg, v, topology_name: str, cache_dir: str | None,
-            say=print) -> dict[str, Any]:
-  """One variant compiled for the slice: memory, collectives, the modelled step times
-  (`stepmodel.steptime`) and the minutes they predict."""
-  from harness import compile_only
-  c = configure(cfg, v)
+def pod_row(run: Run | str, v, cache_dir: str | None, say=print) -> dict[str, Any]:
+  """One variant (`run`: its run, or why it has none) compiled for the run's slice: memory,
+  collectives, the modelled step times (`stepmodel.steptime`) and the minutes they predict."""
+  if isinstance(run, str):
+    say(f"skipping {v.label}: {run}")
+    return skipped(v, run)
   try:
-    s = compile_only.analyze(benchmark, c, topology_name, cache_dir=cache_dir, say=say)
+    s = compile_only.analyze(run, cache_dir=cache_dir, say=say)
   except UserError as e:
     say(f"skipping {v.label}: {e}")
     return skipped(v, str(e))
@@ -232,7 +242,7 @@ def pod_row(benchmark: str, cfg, v, topology_name: str, cache_dir: str | None,
     row.update(model_step_ms=1e3 * t["model"]["step_s"],
                collective_ms=1e3 * t["model"]["collective_s"],
                xla_ms=None if t["optimal_seconds"] is None else 1e3 * t["optimal_seconds"],
-               examples_per_s=c.global_batch_size / t["model"]["step_s"])
+               examples_per_s=run.cfg.global_batch_size / t["model"]["step_s"])
   if e is not None:
     row["eval_model_ms"] = 1e3 * e["model"]["step_s"]
   row["predicted_minutes"] = s["prediction"]["minutes"] if s["prediction"] else None
@@ -241,24 +251,23 @@ def pod_row(benchmark: str, cfg, v, topology_name: str, cache_dir: str | None,
 
 # --- trained to the target ----------------------------------------------------------------------
 
-def train_to_target(benchmark: str, cfg, v, seed_indices, output_dir: str, record: Record,
-                    run_options: dict | None = None) -> int:
+def train_to_target(run: Run, v, seed_indices, output_dir: str, record: Record) -> int:
   """Trains the variant once per seed index i (`harness.series`: seed + i) into `output_dir`
   as result_<i>.txt, a run folder `./run.sh check` reads. Returns 0, or the status that stops
   the sweep (5: preempted; the run is not recorded, and runs again on resume)."""
   for i in seed_indices:
-    c = seeded(configure(cfg, v), i)
-    opts = outputs.RunOptions(output_dir=output_dir, run_index=i, overwrite=True,
-                            **(run_options or {}))
+    one = run.variant(seed=run_seed(run.cfg.seed, i)).with_options(
+        output_dir=output_dir, run_index=i, overwrite=True)
+    opts = one.options
     try:
-      s = train.run(c, benchmark, opts)
+      s = train.run(one)
     except UserError as e:
       record(skipped(v, str(e)))
       return 0
     if s["exit_status"] == errors.EXIT_PREEMPTED:
       return errors.EXIT_PREEMPTED
     step_s = s["median_step_s"]
-    record({**describe(v), "status": "done", "seed_index": i, "seed": c.seed,
+    record({**describe(v), "status": "done", "seed_index": i, "seed": one.cfg.seed,
             "ending": s["ending"], "exit_status": s["exit_status"],
             "time_to_train_s": s["time_to_train_s"], "epochs": s["epochs"],
             "final_quality": s["final_quality"], "compile_s": s["compile_s"],

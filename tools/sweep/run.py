@@ -38,8 +38,10 @@ import datetime
 import json
 import os
 
+import jax
+
 from benchmarks import config as config_lib
-from benchmarks import registry
+from harness.run import Run
 from runtime.errors import UserError
 from tools.sweep import grid, measure, plots, tables
 from tools.sweep.state import State
@@ -94,66 +96,54 @@ def _settings(benchmark: str, cfg, sweep: Sweep, variants) -> dict:
       "variants": [dataclasses.asdict(v) for v in variants]}))
 
 
-def _devices(sweep: Sweep):
-  import jax
-  if sweep.topology:
-    from stepmodel import topology
-    return topology.devices(topology.parse(sweep.topology))
-  return jax.devices()
-
-
-def run(benchmark: str, cfg, sweep: Sweep, output_dir: str, command: str = "",
-        run_options: dict | None = None, say=print) -> tuple[int, list[dict]]:
-  """Runs (or resumes) the sweep into `output_dir`; returns (exit status, rows). Bad input,
-  including a folder of another sweep, raises UserError before anything is written."""
+def run(run: Run, sweep: Sweep, output_dir: str, command: str = "",
+        say=print) -> tuple[int, list[dict]]:
+  """Runs (or resumes) the sweep of `run`'s variants into `output_dir`; returns (exit status,
+  rows). Bad input, including a folder of another sweep, raises UserError before anything is
+  written."""
   sweep.check()
-  entry = registry.BENCHMARKS[benchmark]
-  devs = _devices(sweep)
+  entry, cfg, n = run.entry, run.cfg, len(run.devices)
   placements = grid.parse_layouts(sweep.layouts, cfg.mesh, cfg.layout,
-                                        getattr(entry.config(), "LAYOUTS", {}))
-  grid.check_placements(placements, len(devs), entry.dimensions(), benchmark)
-  names = grid.grid(sweep.grid, cfg.optimizations, benchmark, entry.dimensions(),
-                          placements, len(devs), say)
+                                  getattr(entry.config(), "LAYOUTS", {}))
+  grid.check_placements(placements, n, entry.dimensions(), run.name)
+  names = grid.grid(sweep.grid, cfg.optimizations, run.name, entry.dimensions(), placements, n,
+                    say)
   variants = grid.variants(placements, names, cfg.optimizations)
-  why = {v.key: measure.why_not(measure.configure(cfg, v), entry.spec,
-                                      devs if sweep.topology else None, sweep.to_target)
-         for v in variants}
-  if all(why.values()):
+  runs = measure.runs_of(run, variants, sweep.to_target)
+  if all(isinstance(r, str) for r in runs.values()):
     raise UserError(f"no variant of the sweep can run: {variants[0].label}: "
-                    f"{why[variants[0].key]}")
+                    f"{runs[variants[0].key]}")
   config_lib.check_writable("--output_dir", output_dir)
-  state = State(output_dir, _settings(benchmark, cfg, sweep, variants))
+  state = State(output_dir, _settings(run.name, cfg, sweep, variants))
   state.start(command)
-  say(f"sweep: {len(variants)} variants of {benchmark} ({sweep.depth}) into {output_dir}; "
+  say(f"sweep: {len(variants)} variants of {run.name} ({sweep.depth}) into {output_dir}; "
       f"rerun with --output_dir={output_dir} to resume")
   pending = []
   for v in variants:
     if state.done(v.key) and (not sweep.to_target or all(
         state.done(v.key, i) for i in range(sweep.num_runs))):
       say(f"skipping {v.label}: done")
-    elif why[v.key]:
-      say(f"skipping {v.label}: {why[v.key]}")
-      state.add(measure.skipped(v, why[v.key]))
+    elif isinstance(runs[v.key], str):
+      say(f"skipping {v.label}: {runs[v.key]}")
+      state.add(measure.skipped(v, runs[v.key]))
     else:
       pending.append(v)
   status = 0
   if sweep.to_target:
     for v in pending:
       seeds = [i for i in range(sweep.num_runs) if not state.done(v.key, i)]
-      status = measure.train_to_target(benchmark, cfg, v, seeds,
-                                             os.path.join(output_dir, v.key), state.add,
-                                             run_options)
+      status = measure.train_to_target(runs[v.key], v, seeds, os.path.join(output_dir, v.key),
+                                       state.add)
       if status:
         break
   elif sweep.topology:
     for v in pending:
-      state.add(measure.pod_row(benchmark, cfg, v, sweep.topology, sweep.compile_cache,
-                                      say))
+      state.add(measure.pod_row(runs[v.key], v, sweep.compile_cache, say))
   else:
-    measure.measure_local(cfg, entry, variants, sweep.steps, sweep.rounds,
-                                {v.key for v in pending}, state.add, say)
+    measure.measure_local(runs, variants, sweep.steps, sweep.rounds,
+                          {v.key for v in pending}, state.add, say)
   rows = _ordered(state.records, variants, state.session)
-  report(rows, benchmark, sweep, output_dir, command, cfg)
+  report(rows, run, sweep, output_dir, command)
   say(_tables(rows, sweep))
   say(f"sweep: {CSV}, {MD} and the plots are in {output_dir}")
   return status, rows
@@ -193,16 +183,16 @@ def _about(sweep: Sweep, cfg) -> str:
           sweep.depth]
 
 
-def report(rows, benchmark: str, sweep: Sweep, output_dir: str, command: str, cfg) -> None:
+def report(rows, run: Run, sweep: Sweep, output_dir: str, command: str) -> None:
   """sweep.csv, sweep.md and the plots."""
-  import jax
+  benchmark, cfg, devs = run.name, run.cfg, run.devices
   tables.write_csv(rows, os.path.join(output_dir, CSV))
   pngs = plots.plot_all(rows, output_dir, f"{benchmark} sweep")
   resumed = any(r["resumed"] for r in rows if r["status"] == "done")
   lines = [f"# Sweep: {benchmark}", "", f"`{command}`" if command else "", "",
            f"{_about(sweep, cfg)}. "
            + ("" if sweep.topology else
-              f"{len(jax.devices())} {jax.devices()[0].platform} device(s), ")
+              f"{len(devs)} {devs[0].platform} device(s), ")
            + f"jax {jax.__version__}; config: global batch {cfg.global_batch_size}, mesh "
            f"`{cfg.mesh}`, layout `{cfg.layout}`, seed {cfg.seed}. Written "
            f"{datetime.datetime.now().isoformat(timespec='seconds')}.", "",
