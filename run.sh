@@ -85,7 +85,7 @@ case "$verb" in
       ${tier[@]+"${tier[@]}"} ${rest[@]+"${rest[@]}"} ;;
   check)
     shift; bootstrap
-    exec "$VENV/bin/python" -m logs.compliance "$@" ;;
+    exec "$VENV/bin/python" -m tools.check "$@" ;;
   package)
     shift; bootstrap
     exec "$VENV/bin/python" -m tools.package "$@" ;;

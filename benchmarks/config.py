@@ -75,27 +75,6 @@ DROPOUT_RNG = ("threefry", "rbg")
 # `dot_product_attention` casts the logits to float32 only under float16 activations
 # (`common_attention.maybe_upcast`), so with bfloat16 ones its softmax ran in bfloat16.
 SOFTMAX = ("float32", "compute")
-# What the GPU presets set (`--xla_flags`): XLA's latency-hiding scheduler, which moves
-# collectives to overlap the compute around them (JAX's GPU performance tips,
-# https://docs.jax.dev/en/latest/gpu_performance_tips.html; NVIDIA's JAX containers set it too).
-GPU_XLA_FLAGS = "--xla_gpu_enable_latency_hiding_scheduler=true"
-# What the TPU pod presets set (`--libtpu_flags`): libtpu's asynchronous collectives, which
-# start an all-gather (or a fused collective) before the kernels that do not need it and wait
-# for it after them, so the weight-update sharding's all-gathers overlap compute. The flags as
-# MaxText's TPU recipes and the Cloud TPU performance guide
-# (https://cloud.google.com/tpu/docs/performance-guide) give them; docs/pod.md has their effect
-# on the compiled programs.
-TPU_ASYNC_COLLECTIVES = ("--xla_tpu_enable_async_collective_fusion=true "
-                         "--xla_tpu_enable_async_collective_fusion_multiple_steps=true "
-                         "--xla_tpu_overlap_compute_collective_tc=true "
-                         "--xla_enable_async_all_gather=true")
-# The slice each TPU preset is made for (`--compile_only --topology=...`). MLPerf names a TPU
-# system by its TensorCores up to v5p (v3-2048: 1024 chips of 2 cores; v4-128 and v5p-128: 64
-# chips of 2 cores, one JAX device each) and v6e by its chips (v6e-64: 64 chips of one core).
-PRESET_SLICES = {"tpu-v3-2048": "v3:32x32", "tpu-v3-512": "v3:16x16", "tpu-v4-128": "v4:4x4x4",
-                 "tpu-v5p-128": "v5p:4x4x4", "tpu-v6e-64": "v6e:8x8"}
-
-
 def replace(config: Any, overrides: dict[str, Any]) -> Any:
   """A copy of `config` with the given fields replaced (unknown names are an error)."""
   names = {f.name for f in dataclasses.fields(config)}

@@ -28,6 +28,8 @@ import sys
 from importlib import metadata
 from typing import Any
 
+from runtime import tpu_flags
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # What a program is compiled from, and the declarations among it (`compiled_from`).
 COMPILED_FROM = ("mesh/*", "optimizations/*", "benchmarks/*", "harness/build.py",
@@ -53,7 +55,6 @@ def versions(libtpu_flags: str = "") -> str:
   """The compiler's versions and the flags it reads from the environment (part of every cache
   key), with a config's `libtpu_flags` counted as the LIBTPU_INIT_ARGS they make
   (`runtime.tpu_flags.merged`): the same key before the run adds them and after."""
-  from runtime import tpu_flags
   env = dict(os.environ)
   if libtpu_flags.strip():
     env[tpu_flags.VARIABLE] = tpu_flags.merged(libtpu_flags)

@@ -31,15 +31,14 @@ from harness import build, compile_cache
 from harness.run import Run
 from harness.timeline import check_cadence, timeline
 from runtime.errors import UserError
-from stepmodel import accelerators as hardware
-from stepmodel import cost, topology
+from stepmodel import accelerators, cost, steptime, topology
 
 GiB = 1 << 30
 
 
 def analyze(run: Run, *, with_eval: bool = True, say: Callable[[str], None] = print,
             cache_dir: str | None = None, refresh: bool = False, overlap: str = "schedule",
-            calibration: hardware.Calibration | None = None) -> dict[str, Any]:
+            calibration: accelerators.Calibration | None = None) -> dict[str, Any]:
   """Compiles `run` for its devices (its --topology's slice, or this machine's) and returns
   the summary (JSON-able; `facts`, then `summarize`). A program that does not fit in
   HBM is summarized with `summary["fits"]` False; `refuse(summary)` turns that into a
@@ -126,7 +125,7 @@ def read(raw: dict[str, Any], cfg) -> dict[str, Any]:
     return {"train": None, "eval": None}
   name = raw["topology_name"]
   topo = topology.parse(name) if name else None
-  gen = hardware.GENERATIONS[topo.generation] if topo else None
+  gen = accelerators.GENERATIONS[topo.generation] if topo else None
   coords = [tuple(c) for c in raw["coords"]] if raw["coords"] else None
   spec = registry.BENCHMARKS[raw["benchmark"]].spec
   # A data-dependent loop in the eval (beam search) runs at most the bound the benchmark names.
@@ -139,14 +138,13 @@ def read(raw: dict[str, Any], cfg) -> dict[str, Any]:
     c = cost.analyze_facts(raw[step], trips, gen.mxu_width if gen else 128)
     prepared = None
     if topo is not None:
-      from stepmodel import steptime
       prepared = steptime.prepare(c, gen, topo.megacore, coords, topo.chips)
     out[step] = (c, prepared)
   return out
 
 
 def summarize(raw: dict[str, Any], cfg, overlap: str = "schedule",
-              calibration: hardware.Calibration | None = None,
+              calibration: accelerators.Calibration | None = None,
               steps: dict[str, Any] | None = None) -> dict[str, Any]:
   """The summary of compiled facts: per step, the figures, the fit in HBM and the modelled
   time; the predicted minutes for `cfg`'s epochs and evaluation cadence. `steps`: `read(raw,
@@ -187,7 +185,7 @@ def summarize(raw: dict[str, Any], cfg, overlap: str = "schedule",
 def _device_figures(topo) -> dict[str, float] | None:
   if topo is None:
     return None
-  return hardware.per_device(hardware.GENERATIONS[topo.generation], topo.megacore)
+  return accelerators.per_device(accelerators.GENERATIONS[topo.generation], topo.megacore)
 
 
 def _topology_summary(topo, raw, device) -> dict[str, Any]:
@@ -197,12 +195,12 @@ def _topology_summary(topo, raw, device) -> dict[str, Any]:
   return {"name": topo.name, "generation": topo.generation, "chips": list(topo.chips),
           "num_chips": topo.num_chips, "devices": raw["devices"], "megacore": topo.megacore,
           "device_kind": raw["device_kind"], **{f"{k}_per_device": v for k, v in device.items()},
-          "wraparound": list(hardware.wraparound(hardware.GENERATIONS[topo.generation],
+          "wraparound": list(accelerators.wraparound(accelerators.GENERATIONS[topo.generation],
                                                  topo.chips))}
 
 
 def _step(cost: dict[str, Any], prepared, device, overlap: str = "schedule",
-          calibration: hardware.Calibration | None = None) -> dict[str, Any]:
+          calibration: accelerators.Calibration | None = None) -> dict[str, Any]:
   """One compiled step's figures, its fit in HBM and (on a TPU slice) its modelled time."""
   memory = cost.get("memory_per_device", {})
   total = memory.get("total_bytes")
@@ -214,7 +212,6 @@ def _step(cost: dict[str, Any], prepared, device, overlap: str = "schedule",
   out["fits"] = None if device is None or total is None else total <= device["hbm_bytes"]
   out["model"] = None
   if prepared is not None:
-    from stepmodel import steptime
     out["model"] = steptime.evaluate(prepared, overlap, calibration)
   return out
 

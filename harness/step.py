@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
+from jax.experimental import multihost_utils
 from jax.experimental.layout import Format, Layout
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
@@ -364,9 +365,6 @@ def _whole(x: jax.Array):
   """The full value of a global array on this host (gathered from other processes if needed)."""
   if x.is_fully_addressable:
     return x
-  from jax.experimental import (
-    multihost_utils,
-  )
   return multihost_utils.process_allgather(x, tiled=True)
 
 
@@ -374,18 +372,12 @@ def _local_rows(program: Program, x: jax.Array) -> np.ndarray:
   """This process's rows of a batch-split eval output (the inverse of `global_batch`)."""
   if x.is_fully_addressable:
     return np.asarray(x)
-  from jax.experimental import (
-    multihost_utils,
-  )
   return np.asarray(multihost_utils.global_array_to_host_local_array(
       x, program.sharder.mesh, x.sharding.spec))
 
 
 def _gather_rows(x: np.ndarray) -> np.ndarray:
   """Every process's rows of a host array (processes may hold different numbers of rows)."""
-  from jax.experimental import (
-    multihost_utils,
-  )
   counts = multihost_utils.process_allgather(np.array([len(x)]))[:, 0]
   # As raw bytes: without 64-bit jax a float64 array would travel as float32.
   raw = np.ascontiguousarray(x).reshape(len(x), int(np.prod(x.shape[1:]))).view(np.uint8)
@@ -424,9 +416,6 @@ def evaluate(program: Program, state, batches) -> dict[str, Any]:
   per_process = program.eval_device is not None or program.host_stats is not None
   multi = per_process and jax.process_count() > 1
   if multi and totals:
-    from jax.experimental import (
-      multihost_utils,
-    )
     keys = sorted(totals)
     summed = multihost_utils.process_allgather(np.array([totals[k] for k in keys])).sum(0)
     totals = dict(zip(keys, map(float, summed)))

@@ -32,6 +32,10 @@ import threading
 import time
 from typing import Any
 
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
 from runtime import errors
 
 # What a scheduler, a preempted VM or a closed terminal sends.
@@ -119,11 +123,8 @@ class Signals:
 
   def agreed(self) -> str | None:
     """The signal any process received (all processes agree; a collective when several)."""
-    import jax
     if jax.process_count() == 1:
       return self.received
-    import numpy as np
-    from jax.experimental import multihost_utils
     got = multihost_utils.process_allgather(np.int32(self.received is not None))
     return (self.received or "SIGTERM (another process)") if int(np.max(got)) else None
 
@@ -158,7 +159,6 @@ class MetricsWindow:
     if n <= 0:
       return {}, None
     taken, self.pending = self.pending[:n], self.pending[n:]
-    import jax
     fetched = jax.device_get([m for _, m in taken])
     now = time.time()
     step_times.extend([(now - self.start) / len(fetched)] * len(fetched))

@@ -20,11 +20,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import platform
 import time
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+
 from runtime import backend
-from stepmodel import accelerators as hardware
+from stepmodel import accelerators
 
 
 def _cpu_model() -> str:
@@ -35,15 +39,12 @@ def _cpu_model() -> str:
           return line.split(":", 1)[1].strip()
   except OSError:
     pass
-  import platform
   return platform.processor() or platform.machine()
 
 
 def measure_cpu_flops(n: int = 1024, repeats: int = 5) -> float:
   """The host's float32 matmul FLOP/s on jax's first CPU device (an n x n product, best of
   `repeats`): XLA runs one such product on all of the host's cores."""
-  import jax
-  import jax.numpy as jnp
   dev = jax.devices("cpu")[0]
   a = jax.device_put(jnp.ones((n, n), jnp.float32), dev)
   f = jax.jit(lambda x: x @ x)
@@ -80,12 +81,11 @@ def cpu_flops() -> float:
   return flops
 
 
-def device_peak() -> hardware.Peak:
+def device_peak() -> accelerators.Peak:
   """The peak of one of this process's devices (`stepmodel.accelerators.device_peak`)."""
-  import jax
   d = jax.local_devices()[0]
   cpu = d.platform == "cpu"
-  return hardware.device_peak(d.platform, d.device_kind, len(jax.local_devices()) if cpu else 1,
+  return accelerators.device_peak(d.platform, d.device_kind, len(jax.local_devices()) if cpu else 1,
                               cpu_flops() if cpu else None)
 
 
@@ -95,7 +95,7 @@ class Throughput:
   global_batch: int
   devices: int
   flops_per_step: float | None     # the analytic model FLOPs of one global step
-  peak: hardware.Peak
+  peak: accelerators.Peak
   weight_unit: str = "examples"
 
   def rates(self, step_s: float | None, weight: float | None = None) -> dict[str, Any]:

@@ -23,6 +23,7 @@ import time
 from typing import Any, Callable
 
 import jax
+from jax.experimental import multihost_utils
 
 from benchmarks.task import Spec, Task
 from harness import build, checkpoints, events, prefetch, stops
@@ -260,7 +261,6 @@ def run(run: Run) -> dict[str, Any]:
   if opts.overwrite and writer:
     clear_for_overwrite(opts)
   if opts.overwrite and run.process_count > 1:
-    from jax.experimental import multihost_utils
     multihost_utils.sync_global_devices("meshperf: --overwrite cleared")
   ckpt = checkpoints.Checkpoints(checkpoint_dir(opts), opts.async_checkpoints)
   # From here on a signal stops the run after a step, with a checkpoint; during the setup there

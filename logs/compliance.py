@@ -1,7 +1,6 @@
-"""Runs the official MLPerf compliance checker over result logs.
-
-`python -m logs.compliance PATH` checks one log file, or every `result_*.txt` under a folder,
-against every training ruleset that knows the log's benchmark; exit status 0 only if all pass.
+"""Runs the official MLPerf compliance checker over result logs: one log file, or every
+`result_*.txt` under a folder, against each training ruleset its benchmark declares
+(`./run.sh check`, `tools.check`, gives the benchmarks' declarations).
 """
 
 from __future__ import annotations
@@ -14,17 +13,7 @@ import subprocess
 import sys
 import tempfile
 
-
-def rulesets_of(mlperf_name: str | None) -> tuple[str, ...]:
-  """The training rulesets a registered benchmark declares for its MLPerf name (its Spec)."""
-  from benchmarks import registry
-  entry = registry.by_mlperf_name(mlperf_name) if mlperf_name else None
-  return entry.spec.rulesets if entry else ()
-
-
-def known_names() -> list[str]:
-  from benchmarks import registry
-  return [e.spec.mlperf_name for e in registry.BENCHMARKS.values()]
+from runtime.errors import UserError
 
 _SEPARATOR = "-" * 30
 
@@ -50,7 +39,6 @@ def _record(line: str) -> dict | None:
 def read_log(path: str) -> list[dict]:
   """The records of an MLPerf log; UserError when it is not one, or a line is cut off (a run
   that crashed while writing leaves its last line half written)."""
-  from runtime.errors import UserError
   try:
     with open(path, encoding="utf-8", errors="replace") as f:
       lines = f.read().splitlines()
@@ -127,9 +115,11 @@ def find_logs(path: str) -> list[str]:
   return [path]
 
 
-def check_path(path: str, rulesets: tuple[str, ...] | None = None) -> list[CheckResult]:
-  """Checks a file or every result_*.txt under a folder. Raises UserError on a bad path."""
-  from runtime.errors import UserError
+def check_path(path: str, declared: dict[str, tuple[str, ...]],
+               rulesets: tuple[str, ...] | None = None) -> list[CheckResult]:
+  """Checks a file or every result_*.txt under a folder, each under `rulesets` or else every
+  ruleset `declared` gives for its benchmark (MLPerf name -> rulesets). Raises UserError on a
+  bad path or a log of a benchmark `declared` does not name."""
   if not os.path.exists(path):
     raise UserError(f"{path} does not exist; pass a result_*.txt file or a run's output folder")
   logs = find_logs(path)
@@ -139,60 +129,12 @@ def check_path(path: str, rulesets: tuple[str, ...] | None = None) -> list[Check
   for log in logs:       # every log is whole and of a known benchmark before any is checked
     records = read_log(log)
     bench = next((r["value"] for r in records if r["key"] == "submission_benchmark"), None)
-    if not rulesets_of(bench):
+    if not declared.get(bench):
       raise UserError(f"{log}: no known submission_benchmark in the log (found {bench!r}); "
-                      f"meshperf checks {', '.join(known_names())}")
+                      f"meshperf checks {', '.join(declared)}")
     benches[log] = bench
   results = []
   for log, bench in benches.items():
-    for ruleset in rulesets or rulesets_of(bench):
+    for ruleset in rulesets or declared[bench]:
       results.append(check_file(log, ruleset))
   return results
-
-
-HELP = """./run.sh check PATH: MLPerf compliance of a result_*.txt file or of every result_*.txt
-under a folder, with mlperf_logging's checker under each ruleset the installed checker has for
-the log's benchmark (PASS or FAIL per ruleset), then which logs are not results (interrupted or
-resumed runs) and what their interruptions cost. Exit status 0 when every check passed, 1 when
-one failed or a log is not a result, 2 on bad input."""
-
-
-def main(argv: list[str]) -> int:
-  from runtime.errors import UserError
-  if argv and argv[0] in ("-h", "--help", "-help", "--helpfull"):
-    print(HELP)
-    return 0
-  if len(argv) != 1 or argv[0].startswith("-"):
-    got = "nothing" if not argv else " ".join(argv)
-    print(f"error: ./run.sh check takes one PATH, a result_*.txt file or a folder of them "
-          f"(got {got})", file=sys.stderr)
-    return 2
-  try:
-    results = check_path(argv[0])
-  except UserError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
-  for r in results:
-    print(f"{'PASS' if r.ok else 'FAIL'}  ruleset {r.ruleset}  {r.path}")
-    if not r.ok:
-      for m in r.messages:
-        print("    " + m.replace("\n", "\n    "))
-  from logs import resumed
-  not_results = 0
-  for log in dict.fromkeys(r.path for r in results):
-    why = resumed.verdict(log)
-    if why:
-      not_results += 1
-      print(f"NOT A RESULT  {log}\n    {why}")
-    lost = resumed.time_lost(log)
-    if lost:
-      print(f"    {lost}")
-  failed = sum(not r.ok for r in results)
-  print(f"{len(results) - failed} passed, {failed} failed"
-        + (f"; {not_results} log(s) not a valid MLPerf result (interrupted or resumed)"
-           if not_results else ""))
-  return 1 if failed or not_results else 0
-
-
-if __name__ == "__main__":
-  sys.exit(main(sys.argv[1:]))

@@ -30,6 +30,8 @@ import sys
 import time
 from typing import Any
 
+import jax
+
 from runtime.errors import UserError
 
 MAX_PLOT_POINTS = 4000      # loss points drawn (evenly thinned beyond): the PNG stays < 1 s
@@ -116,7 +118,6 @@ class Observer:
       return
     a, b = self.profile_steps
     if a <= step < b:
-      import jax
       jax.profiler.start_trace(self.prof_dir, create_perfetto_trace=True)
       self._tracing = True
 
@@ -125,7 +126,6 @@ class Observer:
     apart by it; JAX docs, "Profiling computation"), else nothing."""
     if not self._tracing:
       return contextlib.nullcontext()
-    import jax
     return jax.profiler.StepTraceAnnotation("train", step_num=step)
 
   def after_step(self, step: int, outputs) -> None:
@@ -135,12 +135,10 @@ class Observer:
       return
     self.traced.append(step)
     if step == self.profile_steps[1] - 1:
-      import jax
       jax.block_until_ready(outputs)
       self._stop_trace()
 
   def _stop_trace(self) -> None:
-    import jax
     self._tracing = False
     jax.profiler.stop_trace()
     self.say(f"profile of steps {self.traced[0]}..{self.traced[-1]}: {self.trace_file()} "

@@ -21,6 +21,7 @@ import shutil
 from importlib import metadata
 
 from logs import compliance
+from runtime.errors import UserError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +38,6 @@ class RunTime:
 def run_time(path: str, records: list[dict] | None = None) -> RunTime:
   """The run of a result log (UserError when it is not a whole log with run_start and run_stop).
   `records`: the log's records when the caller has read them already (`compliance.read_log`)."""
-  from runtime.errors import UserError
   records = compliance.read_log(path) if records is None else records
   at = {r["key"]: r for r in records if r["key"] in ("run_start", "run_stop", "seed")}
   if "run_start" not in at or "run_stop" not in at:

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import itertools
 
+import jax
 import numpy as np
+from jax.experimental import mesh_utils
+from jax.sharding import AxisType, Mesh
 
 from mesh.spec import MeshSpec
 
@@ -16,9 +19,6 @@ def make_mesh(spec: MeshSpec, devices=None):
   Accelerators get a topology-aware device order (`mesh_utils.create_device_mesh`); simulated
   CPU devices are laid out in order.
   """
-  import jax
-  from jax.experimental import mesh_utils
-  from jax.sharding import AxisType, Mesh
   devices = list(devices if devices is not None else jax.devices())
   spec = spec.resolve(len(devices))
   if devices[0].platform == "cpu":

@@ -27,6 +27,10 @@ import importlib
 import math
 from typing import Any, Callable
 
+import optax
+from jax.sharding import PartitionSpec
+
+from mesh import collectives as coll
 from mesh.collectives import Reduction
 from mesh.spec import Layout, MeshSpec
 from runtime.errors import UserError
@@ -58,7 +62,6 @@ class Update:
 
   def block_spec(self, ctx):
     del ctx
-    from jax.sharding import PartitionSpec
     return PartitionSpec()
 
   def forward(self, params, ctx, reads):
@@ -66,11 +69,9 @@ class Update:
     return params
 
   def reduce(self, grads, ctx):
-    from mesh import collectives as coll
     return coll.unflatten(ctx.plan.reduction.all_reduce(coll.flatten(grads)), grads)
 
   def apply(self, tx, grads, opt_state, params, ctx):
-    import optax
     updates, opt_state = tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state
 

@@ -4,8 +4,15 @@ can give (process plumbing; the device meshes themselves: `mesh.devices`)."""
 
 from __future__ import annotations
 
+import glob
+import importlib.util
 import os
 import re
+import subprocess
+import sys
+
+import jax
+from jax._src import xla_bridge
 
 from runtime.errors import UserError
 
@@ -19,7 +26,6 @@ def cache_root() -> str:
 
 
 def _installed(module: str) -> bool:
-  import importlib.util
   return importlib.util.find_spec(module) is not None
 
 
@@ -29,9 +35,7 @@ def skip_absent_tpu() -> None:
   later), jax would probe for TPUs and libtpu would print its errors first; runs there use the
   GPUs (a CUDA plugin and /dev/nvidia0) or the CPU instead. A JAX_PLATFORMS the user set, or
   one chosen already (`use_cpu_devices`, compile-only runs), is kept."""
-  import glob
 
-  import jax
   if os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms or not _installed("libtpu"):
     return
   if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
@@ -65,7 +69,6 @@ def device_memory_bytes(device) -> tuple[int | None, str]:
     stats = device.memory_stats() or {}
     limit = stats.get("bytes_limit")
     return (int(limit) if limit else None), f"{device.device_kind} memory"
-  import jax
   host = host_memory_bytes()
   n = len(jax.local_devices(backend="cpu"))
   if host is None:
@@ -103,7 +106,6 @@ def check_host_fits(nbytes: int, what: str, fix: str) -> None:
 def start_backend() -> None:
   """Starts jax's devices now, where a failure is the user's to fix: a JAX_PLATFORMS naming a
   backend this machine lacks (jax raises a bare AssertionError, or a RuntimeError) is one line."""
-  import jax
   try:
     jax.devices()
   except (RuntimeError, AssertionError) as e:
@@ -123,7 +125,6 @@ def check_env_xla_flags() -> None:
   this project sets itself; tried once per process for the same flags."""
   flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
                    if not f.startswith("--xla_force_host_platform_device_count"))
-  from jax._src import xla_bridge
   if flags and not xla_bridge.backends_are_initialized() and flags not in _TRIED:
     check_xla_flags(flags, what="XLA_FLAGS")
     _TRIED.add(flags)
@@ -136,8 +137,6 @@ def check_xla_flags(flags: str, base: str = "", what: str = "--xla_flags") -> st
   """`base` (XLA_FLAGS as it is) with `flags` appended, once XLA has taken them: XLA aborts a
   process on a flag it does not know, so they are tried in a child process (CPU only, about a
   second) and a flag it refuses is a UserError, in one line."""
-  import subprocess
-  import sys
   bad = [f for f in flags.split() if not re.match(r"--xla_[a-z0-9_]+(=\S*)?$", f)]
   if bad:
     raise UserError(f"{what}: {bad[0]!r} is not an XLA flag (write --xla_<name>[=value], "
@@ -157,7 +156,6 @@ def check_xla_flags(flags: str, base: str = "", what: str = "--xla_flags") -> st
   if probe.returncode != 0:
     unknown = [line.split("XLA_FLAGS:", 1)[1].strip() for line in probe.stderr.splitlines()
                if "Unknown flag" in line and "XLA_FLAGS:" in line]
-    import jax
     why = (f"the XLA of jax {jax.__version__} does not know {unknown[0]}" if unknown
            else f"XLA stopped on them ({' '.join(probe.stderr.split()[-12:])})")
     with_base = f" (with XLA_FLAGS={base!r})" if base else ""
@@ -171,7 +169,6 @@ def add_xla_flags(flags: str) -> None:
   read them once; after that they would do nothing, so they are refused."""
   if not flags.strip():
     return
-  from jax._src import xla_bridge
   if xla_bridge.backends_are_initialized():
     raise UserError(f"--xla_flags={flags} came too late: jax's devices have started (XLA reads "
                     f"XLA_FLAGS once)")
@@ -186,8 +183,6 @@ def use_cpu_devices(n: int) -> None:
   flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
            if not f.startswith("--xla_force_host_platform_device_count")]
   os.environ["XLA_FLAGS"] = " ".join(flags + [flag])
-  import jax
-  from jax._src import xla_bridge
   if xla_bridge.backends_are_initialized():
     have = len(jax.devices("cpu"))
     if have != n:

@@ -18,6 +18,9 @@ import sys
 import threading
 import time
 
+import jax
+from jax._src import distributed
+
 from runtime.errors import EXIT_CRASHED, EXIT_PEER_LOST, PeerLost, RunEnded, UserError
 
 
@@ -36,7 +39,6 @@ def maybe_initialize_distributed(coordinator_address: str | None, num_processes:
   or has ended, for `timeout_s`. jax's own heartbeat and start deadlines are set well past
   `timeout_s`, so these checks come first.
   """
-  import jax
   coordinator_address = coordinator_address or os.environ.get("MESHPERF_COORDINATOR")
   if not coordinator_address:
     return
@@ -181,8 +183,6 @@ def _watch_peers(coordinator_address: str, timeout_s: float) -> None:
   and end when it marks itself failed, when it stops moving for `timeout_s`, or when the
   coordinator does not answer for as long. A process ending normally marks itself "done" at
   exit (before jax's own shutdown barrier)."""
-  import jax
-  from jax._src import distributed
   client = getattr(getattr(distributed, "global_state", None), "client", None)
   me, count = jax.process_index(), jax.process_count()
   if client is None or count < 2:

@@ -18,6 +18,8 @@ import re
 import subprocess
 import sys
 
+from jax._src.lib import xla_client
+
 from runtime.errors import UserError
 
 VARIABLE = "LIBTPU_INIT_ARGS"
@@ -53,7 +55,6 @@ def loaded() -> bool:
   """Whether this process has loaded libtpu (after which its flags are fixed)."""
   if "jax" not in sys.modules:
     return False
-  from jax._src.lib import xla_client
   return bool(xla_client.pjrt_plugin_loaded("tpu"))
 
 

@@ -1,4 +1,15 @@
-"""Published figures of the Cloud TPU generations, per chip and per JAX device.
+"""The accelerators, as data: one table that topology parsing, the peak tables, the step-time
+model and the hardware presets read.
+
+- `GENERATIONS`: the Cloud TPU generations, per chip and per JAX device, with the shape of their
+  interconnect and the step-time model's fitted constants.
+- `GPUS`: NVIDIA GPUs, their dense bfloat16 peak (MFU).
+- `SYSTEMS`: the machines the benchmarks' hardware presets are made for (`--config=<name>`):
+  a TPU slice by its topology, or a GPU host by its GPUs.
+- The compilers' flags the presets on each platform set (`TPU_ASYNC_COLLECTIVES`,
+  `GPU_XLA_FLAGS`).
+
+A new TPU generation is one `Generation` row; a new machine one `System` row.
 
 A TPU slice is a grid of chips joined by the inter-chip interconnect (ICI): each chip has a link
 to its nearest neighbour in each direction of each grid dimension (a 2-D grid on v2/v3/v5e, a
@@ -52,6 +63,7 @@ class Generation:
   """One TPU generation: per-chip figures and the shape of its interconnect."""
   name: str                        # as in topology names: "v3" for "v3:4x4"
   device_kind: str                 # jax Device.device_kind
+  cloud_name: str                  # Cloud TPU's accelerator types: "<cloud_name>-<cores>"
   cores_per_chip: int              # TensorCores per chip
   megacore_default: bool           # the default JAX device is a whole chip
   hbm_bytes_per_chip: int
@@ -59,7 +71,7 @@ class Generation:
   hbm_bytes_per_s_per_chip: float
   ici_link_bytes_per_s: float      # one direction of one link
   ici_links_per_chip: int          # = 2 * torus_dims (one per direction of each dimension)
-  torus_dims: int                  # 2 or 3
+  torus_dims: int                  # 2 or 3: the dimensions of a topology name (v3:4x4, v4:4x4x4)
   ici_latency_s: float             # per hop / per step of a ring collective (assumed)
   pod_chips: tuple[int, ...]       # the full pod's chip grid
   sources: tuple[str, ...]
@@ -70,6 +82,8 @@ class Generation:
   # published, and the model leaves the vector unit's time out).
   vector_ops_per_cycle: int | None = None
   calibration: Calibration = Calibration()
+  # libtpu offers one device per TensorCore of a megacore chip on request (`v4:8x8x16:cores`).
+  splits_megacore: bool = False
 
 
 # ICI latency: no generation's per-hop latency is published. 1 us per collective step is
@@ -87,7 +101,8 @@ _VECTOR_V2_V3 = 2 * 8 * 128
 
 GENERATIONS: dict[str, Generation] = {
     "v2": Generation(
-        name="v2", device_kind="TPU v2", cores_per_chip=2, megacore_default=False,
+        name="v2", device_kind="TPU v2", cloud_name="v2",
+        cores_per_chip=2, megacore_default=False,
         hbm_bytes_per_chip=16 * GiB,            # 8 GiB per core x 2 cores (Cloud v2 docs)
         peak_flops_per_chip=45e12,              # 45 TFLOPS bf16 per chip (Cloud v2 docs)
         hbm_bytes_per_s_per_chip=600e9,         # 600 GBps (Cloud v2 docs; Jouppi 2020 says 700)
@@ -100,7 +115,8 @@ GENERATIONS: dict[str, Generation] = {
         clock_hz=700e6,                         # 700 MHz (Jouppi et al. 2020, Table 3)
         vector_ops_per_cycle=_VECTOR_V2_V3),
     "v3": Generation(
-        name="v3", device_kind="TPU v3", cores_per_chip=2, megacore_default=False,
+        name="v3", device_kind="TPU v3", cloud_name="v3",
+        cores_per_chip=2, megacore_default=False,
         hbm_bytes_per_chip=32 * GiB,            # 32 GiB per chip = 16 GiB per core (Cloud v3)
         peak_flops_per_chip=123e12,             # 123 TFLOPS bf16 (Cloud v3 docs)
         hbm_bytes_per_s_per_chip=900e9,         # 900 GBps (Cloud v3 docs)
@@ -124,7 +140,8 @@ GENERATIONS: dict[str, Generation] = {
     "v4": Generation(
         # JAX on a v4 VM shows one device per chip (megacore; Cloud v4 docs); libtpu's
         # compile-only topology needs chip_config_name="megacore" for that (stepmodel/topology.py).
-        name="v4", device_kind="TPU v4", cores_per_chip=2, megacore_default=True,
+        name="v4", device_kind="TPU v4", cloud_name="v4",
+        cores_per_chip=2, megacore_default=True,
         hbm_bytes_per_chip=32 * GiB,            # 32 GiB (Cloud v4 docs)
         peak_flops_per_chip=275e12,             # 275 TFLOPS bf16 (Cloud v4 docs)
         hbm_bytes_per_s_per_chip=1200e9,        # 1200 GBps (Cloud v4 docs)
@@ -135,9 +152,11 @@ GENERATIONS: dict[str, Generation] = {
         ici_links_per_chip=6, torus_dims=3, ici_latency_s=_LATENCY,
         pod_chips=(16, 16, 16),                 # 4096 chips, 3-D (Cloud v4 docs; v4 paper)
         sources=(S_V4, S_V4PAPER, S_SCALING, S_ASSUMED),
-        clock_hz=1050e6),                       # 1050 MHz (v4 paper, its v3/v4 table)
+        clock_hz=1050e6,                        # 1050 MHz (v4 paper, its v3/v4 table)
+        splits_megacore=True),
     "v5e": Generation(
-        name="v5e", device_kind="TPU v5 lite", cores_per_chip=1, megacore_default=False,
+        name="v5e", device_kind="TPU v5 lite", cloud_name="v5litepod",
+        cores_per_chip=1, megacore_default=False,
         hbm_bytes_per_chip=16 * GiB,            # 16 GB (Cloud v5e docs)
         peak_flops_per_chip=197e12,             # 197 TFLOPs bf16 (Cloud v5e docs)
         hbm_bytes_per_s_per_chip=819e9,         # 819 GBps (Cloud v5e docs)
@@ -149,7 +168,8 @@ GENERATIONS: dict[str, Generation] = {
         pod_chips=(16, 16),                     # 256 chips, 2-D torus (Cloud v5e docs)
         sources=(S_V5E, S_SCALING, S_ASSUMED)),
     "v5p": Generation(
-        name="v5p", device_kind="TPU v5", cores_per_chip=2, megacore_default=True,
+        name="v5p", device_kind="TPU v5", cloud_name="v5p",
+        cores_per_chip=2, megacore_default=True,
         hbm_bytes_per_chip=95 * GiB,            # 95 GiB usable of 96 (Cloud v5p docs)
         peak_flops_per_chip=459e12,             # 459 TFLOPs bf16 (Cloud v5p docs)
         hbm_bytes_per_s_per_chip=2765e9,        # 2765 GBps = 2575 GiBps (Cloud v5p docs)
@@ -160,7 +180,8 @@ GENERATIONS: dict[str, Generation] = {
         pod_chips=(16, 20, 28),                 # 8960 chips, 3-D torus (Cloud v5p docs)
         sources=(S_V5P, S_V4PAPER, S_SCALING, S_ASSUMED)),
     "v6e": Generation(
-        name="v6e", device_kind="TPU v6 lite", cores_per_chip=1, megacore_default=False,
+        name="v6e", device_kind="TPU v6 lite", cloud_name="v6e",
+        cores_per_chip=1, megacore_default=False,
         hbm_bytes_per_chip=32 * GiB,            # 32 GB (Cloud v6e docs)
         peak_flops_per_chip=918e12,             # 918 TFLOPs bf16 (Cloud v6e docs)
         hbm_bytes_per_s_per_chip=1638e9,        # 1638 GBps (Cloud v6e docs)
@@ -228,16 +249,71 @@ def wraparound(gen: Generation, chips: tuple[int, ...]) -> tuple[bool, ...]:
 
 # --- the peak of any JAX device, for model FLOPs utilization ------------------------------------
 
-# NVIDIA GPUs: dense bfloat16 tensor-core FLOP/s (the datasheets also give twice these "with
-# sparsity", which dense training does not reach). The first pattern found in a device_kind
-# (e.g. "NVIDIA H100 80GB HBM3") wins.
-GPU_PEAKS = (
-    ("B200", 2.25e15, "NVIDIA HGX B200 datasheet: 2.25 PFLOPS FP16/BF16 dense per GPU"),
-    ("H200", 989e12, "NVIDIA H200 datasheet: 989 TFLOPS BF16 dense (SXM)"),
-    ("H100 PCIe", 756e12, "NVIDIA H100 datasheet: 756 TFLOPS BF16 dense (PCIe)"),
-    ("H100", 989e12, "NVIDIA H100 datasheet: 989 TFLOPS BF16 dense (SXM)"),
-    ("A100", 312e12, "NVIDIA A100 datasheet: 312 TFLOPS BF16 dense"),
+@dataclasses.dataclass(frozen=True)
+class Gpu:
+  """One NVIDIA GPU: how jax names it and its dense bfloat16 tensor-core FLOP/s (the datasheets
+  also give twice these "with sparsity", which dense training does not reach)."""
+  name: str
+  kind_pattern: str                # found in jax's device_kind, e.g. "NVIDIA H100 80GB HBM3"
+  peak_flops: float
+  source: str
+
+
+# The first whose pattern is found in a device_kind wins.
+GPUS = (
+    Gpu("B200", "B200", 2.25e15, "NVIDIA HGX B200 datasheet: 2.25 PFLOPS FP16/BF16 dense per GPU"),
+    Gpu("H200", "H200", 989e12, "NVIDIA H200 datasheet: 989 TFLOPS BF16 dense (SXM)"),
+    Gpu("H100 PCIe", "H100 PCIe", 756e12, "NVIDIA H100 datasheet: 756 TFLOPS BF16 dense (PCIe)"),
+    Gpu("H100", "H100", 989e12, "NVIDIA H100 datasheet: 989 TFLOPS BF16 dense (SXM)"),
+    Gpu("A100", "A100", 312e12, "NVIDIA A100 datasheet: 312 TFLOPS BF16 dense"),
 )
+
+
+def gpu(name: str) -> Gpu:
+  return next(g for g in GPUS if g.name == name)
+
+
+@dataclasses.dataclass(frozen=True)
+class System:
+  """A machine a hardware preset is made for: `--config=<name>` of every benchmark that has the
+  preset. A TPU slice is named by MLPerf's system name (its TensorCores up to v5p: v3-2048 is
+  1024 chips of 2 cores; v4-128 and v5p-128 are 64 chips of 2 cores, one JAX device each; v6e
+  by its chips) and compiles for its `topology`; a GPU host by its GPUs."""
+  name: str
+  accelerator: str                 # a GENERATIONS key or a GPUS name
+  devices: int                     # JAX devices
+  topology: str | None = None      # the TPU slice (`--topology`, `stepmodel.topology`)
+
+  @property
+  def platform(self) -> str:
+    """jax's platform name of its devices: "tpu" or "gpu"."""
+    return "tpu" if self.accelerator in GENERATIONS else "gpu"
+
+
+SYSTEMS = {s.name: s for s in (
+    System("tpu-v3-2048", "v3", 2048, "v3:32x32"),
+    System("tpu-v3-512", "v3", 512, "v3:16x16"),
+    System("tpu-v4-128", "v4", 64, "v4:4x4x4"),
+    System("tpu-v5p-128", "v5p", 64, "v5p:4x4x4"),
+    System("tpu-v6e-64", "v6e", 64, "v6e:8x8"),
+    # One 8-GPU host: the presets' batch per GPU is the same on H100 and H200.
+    System("gpu-8xh100", "H100", 8),
+)}
+
+# What the GPU presets set (`--xla_flags`): XLA's latency-hiding scheduler, which moves
+# collectives to overlap the compute around them (JAX's GPU performance tips,
+# https://docs.jax.dev/en/latest/gpu_performance_tips.html; NVIDIA's JAX containers set it too).
+GPU_XLA_FLAGS = "--xla_gpu_enable_latency_hiding_scheduler=true"
+# What TPU pod presets may set (`--libtpu_flags`): libtpu's asynchronous collectives, which
+# start an all-gather (or a fused collective) before the kernels that do not need it and wait
+# for it after them, so the weight-update sharding's all-gathers overlap compute. The flags as
+# MaxText's TPU recipes and the Cloud TPU performance guide
+# (https://cloud.google.com/tpu/docs/performance-guide) give them; docs/pod.md has their effect
+# on the compiled programs.
+TPU_ASYNC_COLLECTIVES = ("--xla_tpu_enable_async_collective_fusion=true "
+                         "--xla_tpu_enable_async_collective_fusion_multiple_steps=true "
+                         "--xla_tpu_overlap_compute_collective_tc=true "
+                         "--xla_enable_async_all_gather=true")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,7 +329,7 @@ def device_peak(platform: str, device_kind: str, cpu_devices: int = 1,
                 cpu_flops: float | None = None) -> Peak:
   """The peak of one device of `platform` ("tpu", "gpu", "cpu") and `device_kind` (jax's):
   a TPU's from its generation (a core on v2/v3, a chip elsewhere, as JAX shows them), a GPU's
-  from GPU_PEAKS, a CPU's from `cpu_flops` (the host's measured matmul rate, shared by its
+  from GPUS, a CPU's from `cpu_flops` (the host's measured matmul rate, shared by its
   `cpu_devices` simulated devices)."""
   if platform == "tpu":
     for gen in GENERATIONS.values():
@@ -263,13 +339,14 @@ def device_peak(platform: str, device_kind: str, cpu_devices: int = 1,
                     f"{'chip' if gen.megacore_default or gen.cores_per_chip == 1 else 'core'}: "
                     f"{gen.sources[0]}")
   elif platform == "gpu":
-    for pattern, flops, source in GPU_PEAKS:
-      if pattern in device_kind:
-        return Peak(device_kind, flops, source)
+    for g in GPUS:
+      if g.kind_pattern in device_kind:
+        return Peak(device_kind, g.peak_flops, g.source)
   elif platform == "cpu" and cpu_flops:
     return Peak(device_kind, cpu_flops / max(cpu_devices, 1),
                 f"measured on this host: {cpu_flops / 1e9:.1f} GFLOP/s of float32 matmul over "
                 f"all its cores (not a published peak), shared by {cpu_devices} simulated "
                 f"device(s)")
   return Peak(device_kind, None, f"no peak known for a {platform} device of kind "
-              f"'{device_kind}' (stepmodel/accelerators.py lists the known ones); MFU not reported")
+              f"'{device_kind}' (stepmodel/accelerators.py lists the known ones); MFU not "
+              f"reported")

@@ -42,6 +42,7 @@ import dataclasses
 import re
 from typing import Any
 
+import jax
 import numpy as np
 
 from stepmodel import hlo, kernels
@@ -303,7 +304,6 @@ def ops(colls: list[Collective]) -> tuple[list[dict[str, Any]], list[list[list[i
 
 def bytes_per_device(tree: Any) -> int:
   """Bytes one device holds of a tree of (sharded) arrays."""
-  import jax
   return sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(tree))
 
 

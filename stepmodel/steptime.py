@@ -1,9 +1,9 @@
 """A step-time model of a compiled SPMD program on a TPU slice (roofline plus alpha-beta ICI).
 
 Inputs: `stepmodel.cost.analyze()` of the compiled step (FLOPs, HBM bytes accessed and every
-collective with its groups of logical device ids), the slice's `hardware.Generation`, whether a
+collective with its groups of logical device ids), the slice's `accelerators.Generation`, whether a
 device is a whole chip (megacore), each logical device's (x, y, z, core) and the slice's chip
-grid with its wraparound links (`hardware.wraparound`).
+grid with its wraparound links (`accelerators.wraparound`).
 
   compute_s    = FLOPs per device / peak bf16 FLOP/s of a device
   memory_s     = HBM bytes accessed per device / HBM bandwidth of a device
@@ -62,8 +62,7 @@ import dataclasses
 import itertools
 from typing import Any, Sequence
 
-from stepmodel import accelerators as hardware
-from stepmodel import kernels
+from stepmodel import accelerators, kernels
 
 OVERLAPS = ("schedule", "none", "full")
 
@@ -159,7 +158,7 @@ def geometries(groups, coords, chips, wrap) -> list[dict[str, Any]]:
   return out
 
 
-def price(op: dict[str, Any], groups, gen: hardware.Generation, coords, chips, wrap,
+def price(op: dict[str, Any], groups, gen: accelerators.Generation, coords, chips, wrap,
           geos: list[dict[str, Any]] | None = None) -> dict[str, Any]:
   """Seconds and algorithm of one collective of `analyze()["ops"]` over its `groups`.
 
@@ -230,7 +229,7 @@ class Prepared:
   """What the model reads of one compiled program on one slice, priced once: the program's
   schedule and its collectives at ICI latencies 0 and 1 s per step (a collective's time is
   linear in the latency), so that calibrations are evaluated without pricing again."""
-  gen: hardware.Generation
+  gen: accelerators.Generation
   megacore: bool
   chips: tuple[int, ...]
   wraparound: tuple[bool, ...]
@@ -239,13 +238,13 @@ class Prepared:
   collectives: tuple[dict[str, Any], ...]   # priced at latency 0, with "per_alpha" seconds
 
 
-def prepare(cost: dict[str, Any], gen: hardware.Generation, megacore: bool,
+def prepare(cost: dict[str, Any], gen: accelerators.Generation, megacore: bool,
             device_coords: Sequence[Sequence[int]], chips: Sequence[int],
             wraparound: Sequence[bool] | None = None) -> Prepared:
   """The model's reading of a program from its `stepmodel.cost.analyze()` dict (see `model`)."""
   chips = tuple(chips)
   if wraparound is None:
-    wraparound = hardware.wraparound(gen, chips)
+    wraparound = accelerators.wraparound(gen, chips)
   wraparound = tuple(bool(w) for w in wraparound)
   at0 = price_collectives(cost, dataclasses.replace(gen, ici_latency_s=0.0), device_coords,
                           chips, wraparound)
@@ -257,15 +256,15 @@ def prepare(cost: dict[str, Any], gen: hardware.Generation, megacore: bool,
                   program is None, priced)
 
 
-def model(cost: dict[str, Any], gen: hardware.Generation, megacore: bool,
+def model(cost: dict[str, Any], gen: accelerators.Generation, megacore: bool,
           device_coords: Sequence[Sequence[int]], chips: Sequence[int],
           wraparound: Sequence[bool] | None = None, overlap: str = "schedule",
-          calibration: hardware.Calibration | None = None) -> dict[str, Any]:
+          calibration: accelerators.Calibration | None = None) -> dict[str, Any]:
   """Modelled step time of a program from its `stepmodel.cost.analyze()` dict (see module doc).
 
   device_coords[i] = (x, y, z, core) of logical device i (position i of the mesh's devices);
   chips = the slice's chip grid, e.g. (32, 32) or (4, 4, 8); wraparound = whether each grid
-  dimension wraps (default `hardware.wraparound(gen, chips)`); calibration = the model's
+  dimension wraps (default `accelerators.wraparound(gen, chips)`); calibration = the model's
   constants (default: the generation's, `gen.calibration`). `overlap` picks which of the three
   readings is `step_s`: "schedule" (the compiled schedule's), "none" or "full" (the bounds).
   """
@@ -274,14 +273,14 @@ def model(cost: dict[str, Any], gen: hardware.Generation, megacore: bool,
 
 
 def evaluate(p: Prepared, overlap: str = "schedule",
-             calibration: hardware.Calibration | None = None) -> dict[str, Any]:
+             calibration: accelerators.Calibration | None = None) -> dict[str, Any]:
   """The model (`model`) of a prepared program under a calibration."""
   if overlap not in OVERLAPS:
     raise ValueError(f"overlap={overlap!r}: expected one of {OVERLAPS}")
   gen = p.gen
   cal = calibration or gen.calibration
   alpha = gen.ici_latency_s if cal.ici_latency_s is None else cal.ici_latency_s
-  dev = hardware.per_device(gen, p.megacore)
+  dev = accelerators.per_device(gen, p.megacore)
   priced = [{k: v for k, v in c.items() if k != "per_alpha"}
             | {"seconds": c["seconds"] + alpha * c["per_alpha"]} for c in p.collectives]
   rates = Rates(dev["peak_flops"], dev["hbm_bytes_per_s"] * cal.hbm_efficiency,
@@ -322,7 +321,7 @@ def _assumptions(gen, dev, cal, alpha, chips, wraparound, megacore, overlap, tot
   return [
       f"{gen.name}: peak {dev['peak_flops'] / 1e12:.1f} TFLOP/s and HBM "
       f"{dev['hbm_bytes_per_s'] / 1e9:.0f} GB/s per device ({'chip' if megacore else 'core'}); "
-      f"ICI {gen.ici_link_bytes_per_s / 1e9:.1f} GB/s per link per direction (hardware.py "
+      f"ICI {gen.ici_link_bytes_per_s / 1e9:.1f} GB/s per link per direction (accelerators.py "
       f"cites each)",
       f"calibration ({cal.fitted_on}): {cal.kernel_overhead_s * 1e6:.2f} us per kernel, "
       f"{cal.hbm_efficiency:.0%} of the HBM bandwidth, {alpha * 1e6:.2f} us per ICI step",
@@ -466,7 +465,7 @@ FIT_RANGES = {"kernel_overhead_s": (0.0, 10e-6), "hbm_efficiency": (0.3, 1.0),
 
 
 def fit(pairs: Sequence[tuple[Prepared, float]], label: str = "", points: Sequence[str] = (),
-        grid: int = 7, rounds: int = 4) -> hardware.Calibration:
+        grid: int = 7, rounds: int = 4) -> accelerators.Calibration:
   """The calibration whose modelled steps of the prepared programs are closest to the measured
   `(prepared, seconds)` pairs: least mean absolute percentage error, by a grid search over
   FIT_RANGES refined `rounds` times around the best point (`grid` values per constant)."""
@@ -474,7 +473,7 @@ def fit(pairs: Sequence[tuple[Prepared, float]], label: str = "", points: Sequen
   names = list(ranges)
 
   def error(values) -> float:
-    cal = hardware.Calibration(**dict(zip(names, values)))
+    cal = accelerators.Calibration(**dict(zip(names, values)))
     return sum(abs(evaluate(p, "schedule", cal)["step_s"] / m - 1) for p, m in pairs) / len(pairs)
 
   best = None
@@ -489,5 +488,5 @@ def fit(pairs: Sequence[tuple[Prepared, float]], label: str = "", points: Sequen
       full = FIT_RANGES[name]
       ranges[name] = (max(full[0], v - half), min(full[1], v + half))
   values = dict(zip(names, best[1]))
-  return hardware.Calibration(**values, points=tuple(points),
+  return accelerators.Calibration(**values, points=tuple(points),
                               fitted_on=f"{label or len(pairs)} (MAPE {100 * best[0]:.1f}%)")

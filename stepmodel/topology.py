@@ -21,12 +21,14 @@ import dataclasses
 import os
 import re
 
-from runtime.errors import UserError
-from stepmodel import accelerators as hardware
+import jax
+from jax.experimental import topologies
 
-GENERATIONS = ("v2", "v3", "v4", "v5e", "v5p", "v6e")
-_DIMS = {"v2": 2, "v3": 2, "v4": 3, "v5e": 2, "v5p": 3, "v6e": 2}
-_NAME = re.compile(r"^(v2|v3|v4|v5e|v5p|v6e):(\d+(?:x\d+)*)(:cores)?$")
+from runtime.errors import UserError
+from stepmodel import accelerators
+
+# A topology name: a generation of the accelerator table, chips per dimension, `:cores`.
+_NAME = re.compile(r"^(%s):(\d+(?:x\d+)*)(:cores)?$" % "|".join(accelerators.GENERATIONS))
 INSTALL = "./run.sh install tpu   (or: .venv/bin/pip install -e '.[tpu]')"
 
 
@@ -46,7 +48,7 @@ class Topology:
 
   @property
   def num_devices(self) -> int:
-    per_chip = 1 if self.megacore else hardware.GENERATIONS[self.generation].cores_per_chip
+    per_chip = 1 if self.megacore else accelerators.GENERATIONS[self.generation].cores_per_chip
     return self.num_chips * per_chip
 
   def describe(self) -> str:
@@ -60,27 +62,31 @@ def parse(text: str) -> Topology:
   m = _NAME.match(text.strip())
   if not m:
     raise UserError(f"--topology={text}: expected <generation>:<chips per dimension>, e.g. "
-                    f"v3:32x32, v4:8x8x16 (generations {', '.join(GENERATIONS)}; ':cores' "
-                    f"after a v4 name for one device per TensorCore)")
-  gen, dims, cores = m.group(1), tuple(int(d) for d in m.group(2).split("x")), m.group(3)
-  if len(dims) != _DIMS[gen]:
-    raise UserError(f"--topology={text}: a {gen} slice has {_DIMS[gen]} dimensions "
-                    f"(e.g. {gen}:{'x'.join(['4'] * _DIMS[gen])})")
+                    f"v3:32x32, v4:8x8x16 (generations {', '.join(accelerators.GENERATIONS)}; "
+                    f"':cores' after a {_splitting()} name for one device per TensorCore)")
+  name, dims, cores = m.group(1), tuple(int(d) for d in m.group(2).split("x")), m.group(3)
+  gen = accelerators.GENERATIONS[name]
+  if len(dims) != gen.torus_dims:
+    raise UserError(f"--topology={text}: a {name} slice has {gen.torus_dims} dimensions "
+                    f"(e.g. {name}:{'x'.join(['4'] * gen.torus_dims)})")
   if any(d < 1 for d in dims):
     raise UserError(f"--topology={text}: every dimension needs at least one chip")
-  if cores and gen != "v4":
-    raise UserError(f"--topology={text}: ':cores' applies to v4 only (one device per TensorCore)")
-  return Topology(text.strip(), gen, dims,
-                  hardware.GENERATIONS[gen].megacore_default and not cores)
+  if cores and not gen.splits_megacore:
+    raise UserError(f"--topology={text}: ':cores' applies to {_splitting()} only (one device "
+                    f"per TensorCore)")
+  return Topology(text.strip(), name, dims, gen.megacore_default and not cores)
+
+
+def _splitting() -> str:
+  """The generations whose chips libtpu splits into one device per TensorCore on request."""
+  return ", ".join(n for n, g in accelerators.GENERATIONS.items() if g.splits_megacore)
 
 
 def accelerator_type(topo: Topology) -> str:
-  """Cloud TPU's name of the slice: v2/v3/v4/v5p count TensorCores ("v3-2048"), v5e and v6e
-  chips (one TensorCore each: "v6e-256")."""
-  if topo.generation == "v5e":
-    return f"v5litepod-{topo.num_chips}"
-  cores = topo.num_chips * hardware.GENERATIONS[topo.generation].cores_per_chip
-  return f"{topo.generation}-{cores}"
+  """Cloud TPU's name of the slice: its generation's `cloud_name` and its TensorCores
+  ("v3-2048", "v4-128", "v5litepod-256", "v6e-256": v5e and v6e have one TensorCore a chip)."""
+  gen = accelerators.GENERATIONS[topo.generation]
+  return f"{gen.cloud_name}-{topo.num_chips * gen.cores_per_chip}"
 
 
 def prepare_host(topo: Topology | None = None) -> None:
@@ -92,7 +98,6 @@ def prepare_host(topo: Topology | None = None) -> None:
   if topo is not None:
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", accelerator_type(topo))
   os.environ["JAX_PLATFORMS"] = "cpu"
-  import jax
   jax.config.update("jax_platforms", "cpu")
 
 
@@ -103,8 +108,8 @@ def devices(topo: Topology) -> list:
   except ImportError:
     raise UserError(f"--topology needs the TPU compiler (libtpu), which the default CPU install "
                     f"leaves out; install it with {INSTALL}") from None
-  from jax.experimental import topologies
-  kwargs = {"chip_config_name": "megacore"} if topo.generation == "v4" and topo.megacore else {}
+  gen = accelerators.GENERATIONS[topo.generation]
+  kwargs = {"chip_config_name": "megacore"} if gen.splits_megacore and topo.megacore else {}
   try:
     desc = topologies.get_topology_desc(topology_name=topo.name.replace(":cores", ""),
                                         platform="tpu", **kwargs)

@@ -14,7 +14,8 @@ from benchmarks.lm.config import PRESETS as LM_PRESETS
 from benchmarks.registry import BENCHMARKS
 from harness import run as runs
 from runtime.errors import UserError
-from stepmodel import topology
+from stepmodel import accelerators, topology
+from stepmodel.accelerators import SYSTEMS, TPU_ASYNC_COLLECTIVES
 from tests import helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -219,7 +220,6 @@ def test_scale_predicts_a_points_file_of_ones_own(tmp_path):
   (`libtpu_flags`), which this process's libtpu did not load with: it is compiled in a child
   process with them, and its weight-update sharding's all-gathers are asynchronous there
   (`all-gather-start`), the first point's not."""
-  from benchmarks.config import TPU_ASYNC_COLLECTIVES
   from harness import compile_cache
   from tools.pod import points, scale
   topology.prepare_host()
@@ -278,18 +278,32 @@ def test_no_libtpu_noise_on_a_machine_without_tpus(tmp_path):
 
 
 def _tpu_presets():
-  from benchmarks.config import PRESET_SLICES
   from benchmarks.registry import BENCHMARKS
   presets = [(n, p) for n, e in sorted(BENCHMARKS.items()) for p in sorted(e.config().PRESETS)
              if p.startswith("tpu")]
-  assert all(p in PRESET_SLICES for _, p in presets)
+  assert all(SYSTEMS[p].topology for _, p in presets)
   return presets
 
 
+def test_every_hardware_preset_is_a_system_of_the_accelerator_table():
+  """A preset that is not a CPU one is named for a machine of `stepmodel.accelerators.SYSTEMS`
+  (a new machine is a row there), and the machine's accelerator is in the table."""
+  from benchmarks.registry import BENCHMARKS
+  for name, entry in BENCHMARKS.items():
+    for preset in entry.config().PRESETS:
+      if preset in ("cpu", "tiny") or preset.startswith("cpu-"):
+        continue
+      assert preset in SYSTEMS, (name, preset)
+  for s in SYSTEMS.values():
+    assert s.accelerator in accelerators.GENERATIONS or accelerators.gpu(s.accelerator)
+    if s.topology:
+      t = topology.parse(s.topology)
+      assert (t.generation, t.num_devices) == (s.accelerator, s.devices), s
+
+
 def test_every_tpu_preset_names_its_slice():
-  from benchmarks.config import PRESET_SLICES
   for name, preset in _tpu_presets():
-    t = topology.parse(PRESET_SLICES[preset])
+    t = topology.parse(SYSTEMS[preset].topology)
     # The name's count: TensorCores up to v5p (2 per chip), chips on v6e.
     count = int(preset.rsplit("-", 1)[1])
     assert count == t.num_chips * (1 if t.generation == "v6e" else 2), (name, preset)
@@ -315,11 +329,10 @@ def _pod_params():
 def test_every_tpu_preset_compiles_for_its_slice_and_fits(name, preset, tmp_path):
   """The preset at full size, compiled by libtpu for its slice: both steps fit in HBM (the
   compiler's own memory analysis). Minutes each: `./run.sh test --pods`."""
-  from benchmarks.config import PRESET_SLICES
-  p = _run(name, f"--config={preset}", "--compile_only", f"--topology={PRESET_SLICES[preset]}",
+  p = _run(name, f"--config={preset}", "--compile_only", f"--topology={SYSTEMS[preset].topology}",
            "--compile_cache=", f"--output_dir={tmp_path}")
   assert p.returncode == 0, p.stderr[-3000:]
-  print(f"\n{name} {preset} on {PRESET_SLICES[preset]}:\n" + "\n".join(
+  print(f"\n{name} {preset} on {SYSTEMS[preset].topology}:\n" + "\n".join(
       line for line in p.stdout.splitlines() if line.startswith(("train step", "eval step",
                                                                   "  model", "predicted"))))
   summary = json.load(open(tmp_path / "summary.json"))

@@ -13,7 +13,7 @@ from benchmarks.config import Common
 from benchmarks.task import Spec
 from harness import run as runs
 from harness import train
-from logs import compliance
+from tools import check
 
 NAMES = sorted(registry.BENCHMARKS)
 
@@ -64,7 +64,7 @@ def test_tiny_preset_end_to_end(name, tmp_path, monkeypatch):
   at = "samples_count" if spec.cadence == "samples" else "epoch_num"
   assert f'"key": "eval_accuracy", "value": {summary["final_quality"]}' in log
   assert f'"{at}"' in log.split('"key": "eval_accuracy"')[1].split("\n")[0]
-  results = compliance.check_path(str(out))
+  results = check.check_path(str(out))
   assert {r.ruleset for r in results} == set(spec.rulesets)
   for r in results:
     # Only a quality rule may fail: a tiny model cannot meet a ruleset's fixed quality bound

@@ -8,10 +8,9 @@ import re
 
 import pytest
 
-from stepmodel import accelerators as hardware
-from stepmodel import hlo, kernels, steptime
+from stepmodel import accelerators, hlo, kernels, steptime
 
-V3 = hardware.GENERATIONS["v3"]
+V3 = accelerators.GENERATIONS["v3"]
 
 
 # --- layouts (no compiler needed) ---------------------------------------------------------------
@@ -137,7 +136,7 @@ def test_threefry_dropout_is_vector_work_the_compiler_prices_alike(compile_one):
   import jax
   import jax.numpy as jnp
   shape, n = (4, 256, 4096), 4 * 256 * 4096
-  rate = hardware.per_device(V3, megacore=False)["vector_ops_per_s"]
+  rate = accelerators.per_device(V3, megacore=False)["vector_ops_per_s"]
 
   def drop(key, x):
     return jnp.where(jax.random.bernoulli(key, 0.9, x.shape), x, 0)
@@ -232,11 +231,11 @@ def test_a_loop_runs_its_kernels_per_trip(compile_one):
   body = [(k, runs) for k, runs in _kernels(text) if runs == 7]
   assert len(body) == 1 and body[0][0].bytes == 2 * 1024 * 1024 * 4     # read and write
   # The model runs the body 7 times: its HBM time is 7 x 8 MiB, and one launch each.
-  cal = hardware.Calibration(kernel_overhead_s=1e-6, hbm_efficiency=1.0, ici_latency_s=0.0)
+  cal = accelerators.Calibration(kernel_overhead_s=1e-6, hbm_efficiency=1.0, ici_latency_s=0.0)
   program = kernels.steps(text)
   prepared = steptime.Prepared(V3, False, (1, 1), (False, False), program, False, ())
   got = steptime.evaluate(prepared, "schedule", cal)
-  dev = hardware.per_device(V3, megacore=False)
+  dev = accelerators.per_device(V3, megacore=False)
   outside = [k for k, runs in _kernels(text) if runs == 1]
   want = (7 * 8 * 2**20 + sum(k.bytes for k in outside)) / dev["hbm_bytes_per_s"]
   assert got["memory_s"] == pytest.approx(want)
@@ -307,7 +306,7 @@ def test_a_scatter_add_costs_its_updates_not_the_table(compile_one):
 def test_the_schedule_overlaps_only_asynchronous_collectives():
   """Kernels of 1 ms each around a 3 ms collective: synchronous, it adds to the step; started
   before two kernels and waited for after them, it hides behind them up to its own length."""
-  dev = hardware.per_device(V3, megacore=False)
+  dev = accelerators.per_device(V3, megacore=False)
   ms = dev["hbm_bytes_per_s"] * 1e-3
 
   def k(name):
@@ -316,7 +315,7 @@ def test_the_schedule_overlaps_only_asynchronous_collectives():
   sync = [k("a"), {"kind": "collective", "name": "ar", "op": "all-reduce"}, k("b"), k("c")]
   asyn = [k("a"), {"kind": "start", "name": "ar", "op": "all-reduce"}, k("b"), k("c"),
           {"kind": "done", "name": "ar.done", "start": "ar"}]
-  cal = hardware.Calibration(0.0, 1.0, 0.0)
+  cal = accelerators.Calibration(0.0, 1.0, 0.0)
   times = {}
   for name, seq in (("sync", sync), ("async", asyn)):
     times[name] = steptime.simulate({"entry": "m", "computations": {"m": seq}},

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from benchmarks.lm.config import PRESETS, SPEC
-from logs import compliance
+from tools import check
 
 pytestmark = pytest.mark.slow   # minutes: `./run.sh test --quick` leaves this file out
 
@@ -32,7 +32,7 @@ def test_cpu_default_reaches_target_and_passes_checker(tmp_path):
   assert len(evals) >= 2 and evals[0]["quality"] > summary["final_quality"]     # it learned
   per_eval = PRESETS["cpu"].eval_every_samples
   assert [e["samples_count"] for e in evals] == [per_eval * (i + 1) for i in range(len(evals))]
-  results = compliance.check_path(str(tmp_path / "run"))
+  results = check.check_path(str(tmp_path / "run"))
   assert {r.ruleset for r in results} == set(SPEC.rulesets)
   for r in results:
     assert r.ok, (r.ruleset, r.messages)

@@ -446,7 +446,7 @@ def test_last_line_is_ours_when_the_runtime_logs_while_ending(tmp_path):
   """A lost peer's status-6 ending: the runtime's threads may log after the `error:` line while
   the process marks itself failed and exits (seen on a loaded CI machine: jax's abort message
   came last); the user's last line is still ours (`multihost._last_words_said`)."""
-  script = tmp_path / "runtime.py"
+  script = tmp_path / "speaks_last.py"     # not runtime.py: that would hide the package
   script.write_text(_RUNTIME_SPEAKS_LAST)
   p = subprocess.run([sys.executable, str(script)], cwd=ROOT, env={**_env(x64=False),
                      "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=120,

@@ -98,7 +98,8 @@ def test_package_layout_checks_and_score(series, package):
       str(org / "systems" / "cpu8.json"), "training", "1.0.0")
   assert valid and name == "cpu8"
   impl = org / "benchmarks" / "resnet" / "implementations"
-  assert (impl / "meshperf" / "logs" / "package.py").exists()
+  assert (impl / "meshperf" / "tools" / "package.py").exists()
+  assert (impl / "meshperf" / "harness" / "train.py").exists()
   assert "meshperf" in (impl / "meshperf" / "SOURCE.txt").read_text()
   assert "--seed=3 " in (impl / "cpu8" / "run_and_time.sh").read_text()
   assert "PACKAGE CHECKER FOUND NO ERRORS" in (dest / "checks" / "package_checker.log").read_text()

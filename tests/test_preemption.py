@@ -121,7 +121,7 @@ def test_sigterm_mid_epoch_checkpoints_and_resume_is_bit_identical(baseline, tmp
   _assert_bit_identical(_final_params(out), baseline[1])
   assert _summary(out)["ending"] == "epoch_limit"
   # `check` says plainly that neither part is a valid MLPerf result.
-  p = subprocess.run([sys.executable, "-m", "logs.compliance", str(out)], cwd=ROOT,
+  p = subprocess.run([sys.executable, "-m", "tools.check", str(out)], cwd=ROOT,
                      capture_output=True, text=True, timeout=600, check=False)
   assert p.returncode == 1, p.stdout + p.stderr
   assert "INTERRUPTED run, resumed in result_0.resume-1.txt" in p.stdout
@@ -286,7 +286,7 @@ def test_sighup_mid_epoch_is_a_preemption_and_the_log_is_never_a_result(tmp_path
             (out / "result_0.txt").read_text().splitlines()]
   assert [e["key"] for e in events[-2:]] == ["meshperf_interrupted", "run_stop"]
   assert events[-2]["value"] == {"signal": "SIGHUP", "step": s["last_checkpoint_step"]}
-  p = subprocess.run([sys.executable, "-m", "logs.compliance", str(out)], cwd=ROOT,
+  p = subprocess.run([sys.executable, "-m", "tools.check", str(out)], cwd=ROOT,
                      capture_output=True, text=True, timeout=600, check=False)
   assert p.returncode == 1, p.stdout + p.stderr
   assert (f"INTERRUPTED run (SIGHUP after step {s['last_checkpoint_step']}, never resumed)"

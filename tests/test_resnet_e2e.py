@@ -10,8 +10,8 @@ import pytest
 from benchmarks.resnet.config import PRESETS, SPEC
 from harness import run as runs
 from harness import train
-from logs import compliance
 from tests import helpers
+from tools import check
 
 pytestmark = pytest.mark.slow   # minutes: `./run.sh test --quick` leaves this file out
 
@@ -35,7 +35,7 @@ def test_cpu_default_reaches_target_and_passes_checker(tmp_path):
     assert summary[key] > 0, key
   assert summary["memory_per_device_bytes"]["total_bytes"] > 0
   assert summary["collectives_per_step"]["all-reduce"]["bytes"] > 0   # gradient summation
-  results = compliance.check_path(str(tmp_path))
+  results = check.check_path(str(tmp_path))
   # Every ruleset of the installed checker that has ResNet, 0.7.0 to 4.0.0.
   assert {r.ruleset for r in results} == set(SPEC.rulesets) and len(results) == 8
   for r in results:
@@ -53,7 +53,7 @@ def _closed_run(tmp_path, **kw):
   summary = train.run(runs.local("resnet", cfg, output_dir=str(tmp_path), division="closed",
                                  quiet=True))
   assert summary["status"] == "aborted"      # one epoch of a tiny model cannot reach 0.98
-  return compliance.check_path(str(tmp_path))
+  return check.check_path(str(tmp_path))
 
 
 TARGET_MISS = "Failed checks for eval_accuracy : v['value'] >= 0.7590 and v['value'] < 1.0"
@@ -71,7 +71,7 @@ def test_closed_lars_log_meets_every_closed_rule_but_the_target(tmp_path):
   assert key in log
   (tmp_path / "bad").mkdir()
   (tmp_path / "bad" / "result_0.txt").write_text(log.replace(key, key.replace("0.0001", "0.001")))
-  for r in compliance.check_path(str(tmp_path / "bad")):
+  for r in check.check_path(str(tmp_path / "bad")):
     assert any("lars_opt_end_learning_rate" in m for m in r.messages), r.messages
 
 

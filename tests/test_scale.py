@@ -13,8 +13,7 @@ import pytest
 
 from harness import compile_cache
 from mesh.spec import parse_layout, parse_mesh
-from stepmodel import accelerators as hardware
-from stepmodel import steptime
+from stepmodel import accelerators, steptime
 from tools.pod import points, scale
 
 # MLPerf Training v0.6 results, Google's TPU-v3 closed-division entries (olympic means, minutes;
@@ -158,7 +157,7 @@ def test_loaded_code_is_the_compile_path_not_the_point_tables():
              for rel in loaded if rel != "pyproject.toml")
 
 
-V3 = hardware.GENERATIONS["v3"]
+V3 = accelerators.GENERATIONS["v3"]
 
 
 def _program(flops: float, nbytes: float):
@@ -176,7 +175,7 @@ def _modelled_ms(ms_at_full_bandwidth: float) -> float:
 
 def _stand_in(step_ms: float, eval_step_ms: float, eval_steps: int = 4):
   """`scale.run`'s `compiled`: HBM-bound programs of these times at the full bandwidth."""
-  dev = hardware.per_device(V3, megacore=False)
+  dev = accelerators.per_device(V3, megacore=False)
   calls = []
 
   def compiled(point, cfg, *, with_eval, say, cache_dir, refresh):
@@ -249,8 +248,8 @@ def test_the_verb_writes_table_json_plot_and_errors(tmp_path):
 def test_fit_finds_the_constants_behind_steps_it_made(tmp_path):
   """Steps made by the model under known constants (two programs of different mixes, so that
   the overhead and the bandwidth are both identifiable) are fitted back to those constants."""
-  truth = hardware.Calibration(kernel_overhead_s=3e-6, hbm_efficiency=0.75, ici_latency_s=2e-6)
-  dev = hardware.per_device(V3, megacore=False)
+  truth = accelerators.Calibration(kernel_overhead_s=3e-6, hbm_efficiency=0.75, ici_latency_s=2e-6)
+  dev = accelerators.per_device(V3, megacore=False)
   pairs = []
   for nbytes, kernels_n in ((dev["hbm_bytes_per_s"] * 0.05, 2000), (dev["hbm_bytes_per_s"] * 0.01,
                                                                   4000)):

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from benchmarks.ssd.config import PRESETS
-from logs import compliance
+from tools import check
 
 pytestmark = pytest.mark.slow   # minutes: `./run.sh test --quick` leaves this file out
 
@@ -28,7 +28,7 @@ def test_cpu_default_reaches_target_and_passes_checker(tmp_path):
   assert summary["status"] == "success"
   assert summary["final_quality"] >= PRESETS["cpu"].target_map
   assert summary["evals"][0]["quality"] < summary["final_quality"]      # it learned
-  results = compliance.check_path(str(tmp_path / "run"))
+  results = check.check_path(str(tmp_path / "run"))
   assert {r.ruleset for r in results} == {"0.7.0", "1.0.0"}
   for r in results:
     assert r.ok, (r.ruleset, r.messages)

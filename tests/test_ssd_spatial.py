@@ -17,8 +17,8 @@ from benchmarks.ssd.config import PRESETS
 from harness import run as runs
 from harness import train
 from harness.step import compile_program, global_batch
-from logs import compliance
 from tests import helpers
+from tools import check
 
 pytestmark = pytest.mark.slow   # minutes: `./run.sh test --quick` leaves this file out
 
@@ -89,7 +89,7 @@ def test_closed_log_meets_every_closed_rule_but_the_target(x64, tmp_path):
                      ("opt_base_learning_rate", "0.0125"), ("model_bn_span", "2"),
                      ("opt_learning_rate_warmup_steps", "1")):
     assert f'"key": "{key}", "value": {value},' in log, key
-  by_ruleset = {r.ruleset: r for r in compliance.check_path(str(out))}
+  by_ruleset = {r.ruleset: r for r in check.check_path(str(out))}
   assert set(by_ruleset) == {"0.7.0", "1.0.0"}
   for r in by_ruleset.values():
     [msg] = r.messages
@@ -98,6 +98,6 @@ def test_closed_log_meets_every_closed_rule_but_the_target(x64, tmp_path):
   key = '"key": "max_samples", "value": 1,'
   (tmp_path / "bad").mkdir()
   (tmp_path / "bad" / "result_0.txt").write_text(log.replace(key, key.replace("1,", "2,")))
-  [r] = compliance.check_path(str(tmp_path / "bad"), rulesets=("1.0.0",))
+  [r] = check.check_path(str(tmp_path / "bad"), rulesets=("1.0.0",))
   assert any("max_samples" in m for m in r.messages), r.messages
 

@@ -9,10 +9,9 @@ import pytest
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from stepmodel import accelerators as hardware
-from stepmodel import cost, steptime
+from stepmodel import accelerators, cost, steptime
 
-V3 = hardware.GENERATIONS["v3"]
+V3 = accelerators.GENERATIONS["v3"]
 LINK, ALPHA = V3.ici_link_bytes_per_s, V3.ici_latency_s
 B = 64 * 2**20        # bytes: large enough that bandwidth dominates
 
@@ -49,8 +48,8 @@ def test_reduce_scatter_and_all_gather_use_the_full_size():
 
 
 def test_wraparound_halves_the_ring_time():
-  n = 32   # a full v3 pod row: hardware.wraparound gives (True, True) for (32, 32)
-  assert hardware.wraparound(V3, (32, 32)) == (True, True)
+  n = 32   # a full v3 pod row: accelerators.wraparound gives (True, True) for (32, 32)
+  assert accelerators.wraparound(V3, (32, 32)) == (True, True)
   coords = _grid(n)
   line = _price("all-reduce", B, [list(range(n))], coords, (n, 1), (False, False))
   torus = _price("all-reduce", B, [list(range(n))], coords, (n, 1), (True, False))
@@ -103,13 +102,13 @@ def test_permute_and_all_to_all():
 def test_model_roofline_and_overlap():
   """A cost without HLO is one kernel then its collectives: synchronous in the schedule (the
   step adds them), the two bounds around it."""
-  dev = hardware.per_device(V3, megacore=False)
+  dev = accelerators.per_device(V3, megacore=False)
   analysis = {"flops_per_device": dev["peak_flops"] * 0.01,            # 10 ms of compute
               "bytes_accessed": dev["hbm_bytes_per_s"] * 0.002,       # 2 ms of HBM traffic
               "ops": [{"kind": "all-reduce", "bytes": B, "group_size": 4, "num_groups": 1,
                        "all_devices": False, "group_set": 0}],
               "group_sets": [[[0, 1, 2, 3]]]}
-  physical = hardware.Calibration()
+  physical = accelerators.Calibration()
   args = (analysis, V3, False, _grid(4), (4, 1), (False, False))
   sched = steptime.model(*args, calibration=physical)
   none = steptime.model(*args, overlap="none", calibration=physical)
@@ -124,7 +123,7 @@ def test_model_roofline_and_overlap():
   assert none["assumptions"] and none["overlap"] == "none" and sched["overlap"] == "schedule"
   # A calibration: a kernel's fixed time and the HBM bandwidth achieved (here 10% of it, so
   # the 2 ms of traffic take 20 ms and bound the step).
-  slow = steptime.model(*args, calibration=hardware.Calibration(1e-3, 0.1, ALPHA))
+  slow = steptime.model(*args, calibration=accelerators.Calibration(1e-3, 0.1, ALPHA))
   assert slow["step_s"] == pytest.approx(0.02 + 1e-3 + ring)
   with pytest.raises(ValueError):
     steptime.model(analysis, V3, False, _grid(4), (4, 1), overlap="some")
@@ -133,9 +132,9 @@ def test_model_roofline_and_overlap():
 def test_a_kernel_takes_its_busiest_unit():
   """Matrix unit, HBM and vector unit work in parallel: a kernel takes the longest of the three
   plus its fixed time; a generation with no published vector unit leaves that term out."""
-  dev = hardware.per_device(V3, megacore=False)
+  dev = accelerators.per_device(V3, megacore=False)
   assert dev["vector_ops_per_s"] == 2 * 8 * 128 * 940e6        # two (8, 128) vector ALU slots
-  assert hardware.per_device(hardware.GENERATIONS["v5e"], False)["vector_ops_per_s"] is None
+  assert accelerators.per_device(accelerators.GENERATIONS["v5e"], False)["vector_ops_per_s"] is None
   rates = steptime.Rates(dev["peak_flops"], dev["hbm_bytes_per_s"], 1e-6,
                          dev["vector_ops_per_s"])
   k = {"mxu_flops": dev["peak_flops"] * 1e-3, "bytes": dev["hbm_bytes_per_s"] * 2e-3,
@@ -191,21 +190,21 @@ def test_compiled_tpu_program():
 
 def test_hardware_per_device_and_wraparound():
   gib = 2**30
-  g = hardware.GENERATIONS
-  assert hardware.per_device(g["v2"], megacore=False)["hbm_bytes"] == 8 * gib
-  assert hardware.per_device(g["v3"], megacore=False)["hbm_bytes"] == 16 * gib
-  assert hardware.per_device(g["v4"], megacore=True)["hbm_bytes"] == 32 * gib
-  assert hardware.per_device(g["v5e"], megacore=False)["hbm_bytes"] == 16 * gib
-  assert hardware.per_device(g["v5p"], megacore=True)["hbm_bytes"] == 95 * gib
-  assert hardware.per_device(g["v3"], False)["peak_flops"] * 2 == g["v3"].peak_flops_per_chip
+  g = accelerators.GENERATIONS
+  assert accelerators.per_device(g["v2"], megacore=False)["hbm_bytes"] == 8 * gib
+  assert accelerators.per_device(g["v3"], megacore=False)["hbm_bytes"] == 16 * gib
+  assert accelerators.per_device(g["v4"], megacore=True)["hbm_bytes"] == 32 * gib
+  assert accelerators.per_device(g["v5e"], megacore=False)["hbm_bytes"] == 16 * gib
+  assert accelerators.per_device(g["v5p"], megacore=True)["hbm_bytes"] == 95 * gib
+  assert accelerators.per_device(g["v3"], False)["peak_flops"] * 2 == g["v3"].peak_flops_per_chip
   assert [x.name for x in g.values() if x.megacore_default] == ["v4", "v5p"]
-  assert hardware.generation("TPU v5 lite") is g["v5e"]
-  assert hardware.generation("v4:2x2x2") is g["v4"]
+  assert accelerators.generation("TPU v5 lite") is g["v5e"]
+  assert accelerators.generation("v4:2x2x2") is g["v4"]
   assert all(x.sources for x in g.values())
-  assert hardware.wraparound(g["v3"], (32, 32)) == (True, True)     # the full pod
-  assert hardware.wraparound(g["v3"], (4, 4)) == (False, False)
-  assert hardware.wraparound(g["v4"], (4, 4, 8)) == (True, True, True)
-  assert hardware.wraparound(g["v4"], (2, 2, 4)) == (False, False, False)   # under one cube
+  assert accelerators.wraparound(g["v3"], (32, 32)) == (True, True)     # the full pod
+  assert accelerators.wraparound(g["v3"], (4, 4)) == (False, False)
+  assert accelerators.wraparound(g["v4"], (4, 4, 8)) == (True, True, True)
+  assert accelerators.wraparound(g["v4"], (2, 2, 4)) == (False, False, False)   # under one cube
 
 
 def test_mesh_axes_run_along_whole_torus_dimensions():

@@ -15,6 +15,7 @@ from harness import run as runs
 from logs import compliance
 from runtime.errors import UserError
 from tests.helpers import tiny_resnet
+from tools import check
 from tools.sweep import grid, measure
 from tools.sweep import run as sweep
 
@@ -153,7 +154,7 @@ def test_time_to_target_trains_each_variant_once_per_seed(tmp_path):
   assert rows[0]["final_quality"] != rows[1]["final_quality"]      # two seeds, two runs
   with open(out / "sweep.csv", encoding="utf-8") as f:
     assert [r["seed"] for r in csv.DictReader(f)] == ["0", "1"]
-  results = compliance.check_path(str(out / "preset"), ("1.0.0",))   # a real run folder
+  results = check.check_path(str(out / "preset"), ("1.0.0",))   # a real run folder
   assert [os.path.basename(r.path) for r in results] == ["result_0.txt", "result_1.txt"]
   assert all(r.ok for r in results), [r for r in results if not r.ok]
   seeds = [e["value"] for e in compliance.read_log(str(out / "preset" / "result_1.txt"))

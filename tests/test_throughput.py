@@ -13,8 +13,7 @@ from benchmarks.resnet.model import ResNet
 from benchmarks.ssd.model import SSD
 from benchmarks.transformer.model import Transformer
 from harness import throughput
-from stepmodel import accelerators as hardware
-from stepmodel import hlo, kernels
+from stepmodel import accelerators, hlo, kernels
 
 
 def _compiled_flops(f, *args) -> float:
@@ -74,7 +73,7 @@ def test_the_transformer_formula_is_six_n_per_token_plus_attention():
 
 
 def test_rates():
-  peak = hardware.Peak("TPU v3", 61.5e12, "test")
+  peak = accelerators.Peak("TPU v3", 61.5e12, "test")
   t = throughput.Throughput(global_batch=64, devices=8, flops_per_step=8 * 61.5e12 * 0.5,
                             peak=peak, weight_unit="tokens")
   r = t.rates(2.0, weight=1000.0)
@@ -83,7 +82,7 @@ def test_rates():
   assert r["model_tflops_per_s_per_device"] == pytest.approx(61.5 * 0.25)
   assert r["mfu"] == pytest.approx(0.25)
   assert "MFU 25.0%" in t.line(2.0, 1000.0) and "62 tokens/s/device" in t.line(2.0, 1000.0)
-  unknown = throughput.Throughput(64, 8, 1e12, hardware.Peak("x", None, "no peak"), "examples")
+  unknown = throughput.Throughput(64, 8, 1e12, accelerators.Peak("x", None, "no peak"), "examples")
   assert unknown.rates(1.0)["mfu"] is None and unknown.rates(1.0)["tokens_per_s"] is None
   s = unknown.summary(1.0)
   assert s["peak_source"] == "no peak" and s["mfu"] is None and "MFU" not in unknown.line(1.0)
@@ -103,15 +102,15 @@ def test_rates():
     ("gpu", "NVIDIA B200", 2.25e15),
 ])
 def test_peak_table(platform, kind, flops):
-  peak = hardware.device_peak(platform, kind)
+  peak = accelerators.device_peak(platform, kind)
   assert peak.flops == flops and peak.source
 
 
 def test_an_unknown_device_is_named_not_guessed():
-  peak = hardware.device_peak("gpu", "NVIDIA GeForce RTX 4090")
+  peak = accelerators.device_peak("gpu", "NVIDIA GeForce RTX 4090")
   assert peak.flops is None and "NVIDIA GeForce RTX 4090" in peak.source
-  assert hardware.device_peak("cpu", "cpu").flops is None       # no measurement given
-  shared = hardware.device_peak("cpu", "cpu", cpu_devices=8, cpu_flops=200e9)
+  assert accelerators.device_peak("cpu", "cpu").flops is None       # no measurement given
+  shared = accelerators.device_peak("cpu", "cpu", cpu_devices=8, cpu_flops=200e9)
   assert shared.flops == 25e9 and "measured" in shared.source
 
 

@@ -11,7 +11,7 @@ import pytest
 from benchmarks.transformer.config import PRESETS
 from harness import run as runs
 from harness import train
-from logs import compliance
+from tools import check
 
 pytestmark = pytest.mark.slow   # minutes: `./run.sh test --quick` leaves this file out
 
@@ -34,7 +34,7 @@ def test_cpu_default_reaches_target_and_passes_checker(tmp_path):
   assert summary["final_quality"] >= PRESETS["cpu"].target_bleu
   assert summary["evals"][0]["quality"] < summary["final_quality"]      # it learned
   assert summary["mesh"] == {"data": 8} and summary["eval_step"]["flops_per_device"] > 0
-  results = compliance.check_path(str(tmp_path / "run"))
+  results = check.check_path(str(tmp_path / "run"))
   assert {r.ruleset for r in results} == {"0.6.0", "0.7.0"}
   for r in results:
     assert r.ok, (r.ruleset, r.messages)
@@ -51,7 +51,7 @@ def test_closed_log_meets_every_closed_rule_but_the_target(tmp_path):
   assert summary["status"] == "aborted"
   log = (out / "result_0.txt").read_text()
   assert '"key": "max_sequence_length", "value": 32, ' in log and '"method": "truncate"' in log
-  by_ruleset = {r.ruleset: r for r in compliance.check_path(str(out))}
+  by_ruleset = {r.ruleset: r for r in check.check_path(str(out))}
   # 0.7.0: only the BLEU target; 0.6.0 (which has no target rule): only run_stop's success.
   assert list(by_ruleset["0.7.0"].messages) == [
       "Failed checks for eval_accuracy : v['value'] >= 0.2500 and v['value'] < 1"]
@@ -62,5 +62,5 @@ def test_closed_log_meets_every_closed_rule_but_the_target(tmp_path):
   assert key in log
   (tmp_path / "bad").mkdir()
   (tmp_path / "bad" / "result_0.txt").write_text(log.replace(key, key.replace("1e-09", "1e-08")))
-  [r] = compliance.check_path(str(tmp_path / "bad"), rulesets=("0.7.0",))
+  [r] = check.check_path(str(tmp_path / "bad"), rulesets=("0.7.0",))
   assert any("opt_adam_epsilon" in m for m in r.messages), r.messages

@@ -14,8 +14,8 @@ import subprocess
 import pytest
 
 from benchmarks import registry
-from benchmarks.config import GPU_XLA_FLAGS, TPU_ASYNC_COLLECTIVES
 from runtime import backend
+from stepmodel.accelerators import GPU_XLA_FLAGS, TPU_ASYNC_COLLECTIVES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -36,10 +36,13 @@ import sys
 
 from absl import flags
 
-from logs import compliance, resumed
+from benchmarks import config as config_lib
+from benchmarks import registry
+from logs import compliance, rcp, resumed
 from logs import results as res
 from runtime import scratch
 from runtime.errors import UserError
+from tools import check as check_cli
 
 FV = flags.FlagValues()
 flags.DEFINE_string("org", None, "Submitting organization (default: the logs' submission_org).",
@@ -54,7 +57,8 @@ flags.DEFINE_string("ruleset", None, "MLPerf training ruleset (default: the newe
                     "benchmark's that the installed checkers know).", flag_values=FV)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CODE = ("benchmarks", "logs", "mesh", "optimizations")      # what a run imports
+# The project's packages: what a run imports, and the tools run.sh calls.
+CODE = ("benchmarks", "harness", "logs", "mesh", "optimizations", "runtime", "stepmodel", "tools")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
@@ -148,12 +152,12 @@ def choose_ruleset(mlperf_name: str, given: str | None) -> str:
   from mlperf_logging.benchmark_meta import get_allowed_benchmarks
   from mlperf_logging.compliance_checker.mlp_compliance import rule_choices
   known = {r for r in rule_choices() if _knows(get_allowed_benchmarks, r, mlperf_name)}
-  mine = [r for r in compliance.rulesets_of(mlperf_name) if r in known]
+  mine = [r for r in check_cli.rulesets_of(mlperf_name) if r in known]
   order = lambda r: tuple(int(x) for x in r.split("."))  # noqa: E731
   if given is None:
     if not mine:
       raise UserError(f"the installed mlperf_logging knows {mlperf_name} in no ruleset meshperf's "
-                      f"logs follow ({', '.join(compliance.rulesets_of(mlperf_name))})")
+                      f"logs follow ({', '.join(check_cli.rulesets_of(mlperf_name))})")
     return max(mine, key=order)
   if given not in rule_choices():
     raise UserError(f"--ruleset={given}: mlperf_logging has no training ruleset {given}; "
@@ -213,7 +217,6 @@ def plan(argv: list[str]) -> dict:
       "runs", "package", datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
   if os.path.isdir(out) and os.listdir(out):
     raise UserError(f"--output_dir={out} already holds files; name a new or empty folder")
-  from benchmarks import config as config_lib
   config_lib.check_writable("--output_dir", out)
   return {"runs": runs, "org": org, "system": system, "division": division, "ruleset": ruleset,
           "benchmark": first["benchmark"], "status": first["status"], "out": out,
@@ -426,8 +429,6 @@ def _rcp(p, w, checks, closed) -> Verdict:
 
 def _rcp_case(p, bench) -> str:
   """What the checker held the series' global batch to (`logs.rcp`), and the series' mean."""
-  from benchmarks import registry
-  from logs import rcp
   batch = p["runs"][0].summary["config"]["global_batch_size"]
   entry = registry.by_mlperf_name(bench)
   unit = entry.spec.cadence if entry else "epochs"

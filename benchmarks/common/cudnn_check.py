@@ -30,6 +30,13 @@ from __future__ import annotations
 
 from typing import Callable
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks.common.transformer import Attention, attention_bias
+from runtime.errors import UserError
+
 TOLERANCE = 2.0 ** -5
 _VERIFIED: list[bool] = []      # this process checked cuDNN already (and it agreed)
 
@@ -38,11 +45,7 @@ def compare(batch=4, length=128, heads=8, d_kv=64, d_model=512, seed=0,
             against: str = "cudnn") -> dict[str, float]:
   """Largest |`against` - xla| / largest |xla| of the output and of each parameter's gradient,
   per case ('<mask>, <rows>': mask causal or padding, rows padded or full)."""
-  import jax
-  import jax.numpy as jnp
-  import numpy as np
 
-  from benchmarks.common.transformer import Attention, attention_bias
   rng = np.random.default_rng(seed)
   x = jnp.asarray(rng.normal(size=(batch, length, d_model)), jnp.bfloat16)
   padded = rng.integers(length // 2, length + 1, size=batch)
@@ -81,7 +84,6 @@ def over(diffs: dict[str, float]) -> list[str]:
 
 def verify(measure: Callable[[], dict[str, float]] = compare) -> None:
   """Raises UserError when cuDNN's attention differs from XLA's here; once per process."""
-  from runtime.errors import UserError
   if _VERIFIED:
     return
   diffs = measure()
@@ -94,3 +96,18 @@ def verify(measure: Callable[[], dict[str, float]] = compare) -> None:
         f"{TOLERANCE:.3g}); `python -m tools.perf.cudnn_attention` prints them: train with "
         f"--attention=xla")
   _VERIFIED.append(True)
+
+
+def check_backend(attention: str, compared: bool = True) -> None:
+  """cuDNN's fused attention runs on NVIDIA GPUs only: refused in one line elsewhere (jax
+  itself would fail tracing, "cuDNN is not detected"). A compile-only run for a TPU slice runs
+  on this host's default backend and is refused too. On a GPU (with `compared`), cuDNN's
+  output and gradients are first checked against XLA's (`verify`): refused in one line where
+  they differ."""
+  if attention != "cudnn":
+    return
+  if jax.default_backend() != "gpu":
+    raise UserError(f"--attention=cudnn runs cuDNN's fused kernel on NVIDIA GPUs; this run's "
+                    f"backend is {jax.default_backend()}: pass --attention=xla")
+  if compared:
+    verify()

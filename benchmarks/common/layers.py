@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import linen as nn
+from jax.ad_checkpoint import checkpoint_name
 
 from runtime.errors import UserError
 
@@ -90,7 +91,6 @@ LAYER = "layer"
 
 def layer_output(x):
   """A layer's output, named for `remat`'s policies."""
-  from jax.ad_checkpoint import checkpoint_name
   return checkpoint_name(x, LAYER)
 
 

@@ -15,6 +15,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
+from benchmarks.config import check_writable
 from runtime import backend
 from runtime.errors import UserError
 
@@ -87,7 +88,6 @@ def _load(path: str, vocab_size: int) -> Tokenizer:
 def check(path: str, vocab_size: int) -> None:
   """Before anything is read or trained: a model at `path` loads with `vocab_size` pieces, or
   one can be written there (see `benchmarks.config.check_writable`)."""
-  from benchmarks.config import check_writable
   if os.path.exists(path):
     _load(path, vocab_size)
   else:

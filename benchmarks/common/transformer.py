@@ -21,7 +21,6 @@ from flax import linen as nn
 
 from benchmarks.common.layers import Dropout, layer_output, named_init, param_dtype
 from mesh import constrain
-from runtime.errors import UserError
 
 EMB = ("batch", "length", "embed")
 HEADS = ("batch", "length", "heads", "d_kv")
@@ -57,22 +56,6 @@ class LayerNorm(nn.Module):
     return ((xf - mean) * jax.lax.rsqrt(var + self.epsilon) * scale + bias).astype(self.dtype)
 
 
-def check_backend(attention: str, verify: bool = True) -> None:
-  """cuDNN's fused attention runs on NVIDIA GPUs only: refused in one line elsewhere (jax
-  itself would fail tracing, "cuDNN is not detected"). A compile-only run for a TPU slice runs
-  on this host's default backend and is refused too. On a GPU (with `verify`), cuDNN's output
-  and gradients are first checked against XLA's (`benchmarks.common.cudnn_check`): refused in
-  one line where they differ."""
-  if attention != "cudnn":
-    return
-  if jax.default_backend() != "gpu":
-    raise UserError(f"--attention=cudnn runs cuDNN's fused kernel on NVIDIA GPUs; this run's "
-                    f"backend is {jax.default_backend()}: pass --attention=xla")
-  if verify:
-    from benchmarks.common import cudnn_check
-    cudnn_check.verify()
-
-
 def _to_cache(t):
   """(batch, length, heads, d_kv) -> the decoding caches' (batch, heads, d_kv, length)."""
   return constrain(jnp.transpose(t, (0, 2, 3, 1)), CACHE)
@@ -84,7 +67,7 @@ class Attention(nn.Module):
   d_kv: int
   dropout: float = 0.0
   dtype: Any = jnp.float32
-  implementation: str = "xla"   # or "cudnn" (`--attention`, `check_backend`)
+  implementation: str = "xla"   # or "cudnn" (`--attention`, `cudnn_check.check_backend`)
   softmax: str = "float32"      # or "compute": in `dtype` (`--softmax_dtype`, SOFTMAX)
 
   @nn.compact

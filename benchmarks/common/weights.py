@@ -19,6 +19,7 @@ import zipfile
 from collections.abc import Mapping
 from typing import Any
 
+import jax
 import numpy as np
 
 from runtime.errors import UserError
@@ -139,7 +140,6 @@ def _item_dir(path: str) -> str:
 
 def _load_orbax(path: str) -> dict[str, Any]:
   """Only params and model_state of the saved train state, as numpy arrays on the host."""
-  import jax
   import orbax.checkpoint as ocp
   from etils import epath
   item_dir = _item_dir(path)

@@ -14,8 +14,6 @@ from __future__ import annotations
 import dataclasses
 
 from benchmarks.config import (
-  GPU_XLA_FLAGS,
-  TPU_ASYNC_COLLECTIVES,
   Common,
   check_adam_and_perplexity,
   non_negative,
@@ -24,6 +22,7 @@ from benchmarks.config import (
 )
 from benchmarks.task import Spec
 from runtime.errors import UserError
+from stepmodel.accelerators import GPU_XLA_FLAGS, TPU_ASYNC_COLLECTIVES
 
 # Dimension names of the model's tensors other than batch and length (tensor parallelism).
 MODEL_DIMS = ("layers", "embed", "heads", "kv_heads", "d_kv", "d_ff", "vocab")

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from benchmarks.common import tokenizer
 from benchmarks.config import (
-  GPU_XLA_FLAGS,
   Common,
   check_adam_and_perplexity,
   check_attention,
@@ -25,6 +25,7 @@ from benchmarks.config import (
 )
 from benchmarks.task import Spec
 from runtime.errors import UserError
+from stepmodel.accelerators import GPU_XLA_FLAGS
 
 # Dimension names of the model's tensors other than batch and length: splitting any of them is
 # tensor (model) parallelism; splitting length would be context parallelism.
@@ -185,5 +186,4 @@ def validate(c: Config) -> None:
   require(c, ("base_learning_rate",), positive, "must be positive")
   check_adam_and_perplexity(c)
   if c.tokenizer:   # a bad path fails now, not after the corpus is read (or a vocabulary trained)
-    from benchmarks.common import tokenizer
     tokenizer.check(c.tokenizer, c.vocab_size)

@@ -8,8 +8,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from benchmarks.common.cudnn_check import check_backend
 from benchmarks.common.layers import compute_dtype, dropout_key
-from benchmarks.common.transformer import check_backend, padded_vocab, xent
+from benchmarks.common.transformer import padded_vocab, xent
 from benchmarks.lm import data as data_lib
 from benchmarks.lm.config import MODEL_DIMS, Config
 from benchmarks.lm.model import LanguageModel

@@ -5,16 +5,16 @@ from __future__ import annotations
 import dataclasses
 
 from benchmarks.config import (
-  GPU_XLA_FLAGS,
-  TPU_ASYNC_COLLECTIVES,
   Common,
   fraction,
   non_negative,
   positive,
   require,
 )
+from benchmarks.resnet.model import STAGES
 from benchmarks.task import Spec
 from runtime.errors import UserError
+from stepmodel.accelerators import GPU_XLA_FLAGS, TPU_ASYNC_COLLECTIVES
 
 # Every training ruleset of the installed mlperf-logging that defines ResNet-50 (its last round
 # was 4.0).
@@ -135,7 +135,6 @@ ABLATIONS = (
 
 
 def validate(c: Config) -> None:
-  from benchmarks.resnet.model import STAGES
   if c.dataset not in DATASETS:
     raise UserError(f"--dataset={c.dataset}: choose one of {', '.join(DATASETS)}")
   if c.optimizer not in OPTIMIZERS:

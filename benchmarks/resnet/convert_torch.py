@@ -34,10 +34,14 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from flax import linen as nn
 
 from benchmarks.common import weights
 from benchmarks.common.convnet import STAGES
+from benchmarks.resnet.model import ResNet
 from runtime.errors import UserError
 
 TORCHVISION_DEPTHS = (18, 34, 50, 101, 152)
@@ -48,11 +52,7 @@ _BN = {"weight": ("params", "scale"), "bias": ("params", "bias"),
 @functools.lru_cache(maxsize=None)
 def expected_shapes(depth: int, num_classes: int) -> dict[tuple[str, ...], tuple[int, ...]]:
   """{(collection, module..., name): shape} of ResNet(depth, 64, num_classes)'s variables."""
-  import jax
-  import jax.numpy as jnp
-  from flax import linen as nn
 
-  from benchmarks.resnet.model import ResNet
   model = ResNet(depth, 64, num_classes)
   shapes = jax.eval_shape(lambda r: nn.meta.unbox(
       model.init(r, jnp.zeros((1, 32, 32, 3), jnp.float32), train=False)), jax.random.PRNGKey(0))

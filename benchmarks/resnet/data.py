@@ -11,6 +11,7 @@ import math
 import os
 
 import numpy as np
+from absl import flags
 from PIL import Image
 
 from benchmarks.data import (
@@ -226,7 +227,6 @@ def center_crop(image: np.ndarray | bytes, size: int, crop_fraction: float = 0.8
 def _absl_flags_parsed() -> None:
   """Grain's multiprocessing reads its absl flags, which only `./run.sh <benchmark>` parses:
   elsewhere (`./run.sh perf`, tests, a notebook) they keep their defaults."""
-  from absl import flags
   if not flags.FLAGS.is_parsed():
     flags.FLAGS.mark_as_parsed()
 

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from benchmarks.config import GPU_XLA_FLAGS, Common, fraction, non_negative, positive, require
+from benchmarks.common import weights
+from benchmarks.common.convnet import STAGES
+from benchmarks.config import Common, fraction, non_negative, positive, require
+from benchmarks.ssd.model import feature_sizes
 from benchmarks.task import Spec
 from runtime.errors import UserError
+from stepmodel.accelerators import GPU_XLA_FLAGS
 
 SPEC = Spec(mlperf_name="ssd", rulesets=("0.7.0", "1.0.0"), metric="mAP@[.5:.95]",
             target_field="target_map")
@@ -176,7 +180,6 @@ def validate(c: Config) -> None:
 
 def _check_feature_maps(c: Config) -> None:
   """The image must stay at least one pixel through the backbone and every extra block."""
-  from benchmarks.ssd.model import feature_sizes
   if c.image_size < 1:
     raise UserError(f"--image_size={c.image_size}: must be positive (MLPerf: 300)")
   try:
@@ -188,8 +191,6 @@ def _check_feature_maps(c: Config) -> None:
 def _check_backbone_checkpoint(c: Config) -> None:
   """Cheap checks of --backbone_checkpoint (names and the stem's shape, no weights loaded), so a
   wrong file is refused before any data is read or model built."""
-  from benchmarks.common import weights
-  from benchmarks.common.convnet import STAGES
   names = weights.check(c.backbone_checkpoint, f"--backbone_checkpoint={c.backbone_checkpoint}")
   blocks = sum(STAGES[c.backbone_depth][0][:3])
   wanted = {"stem", "BatchNorm_0"} | {f"Block_{i}" for i in range(blocks)}

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from benchmarks.common import tokenizer
 from benchmarks.config import (
-  GPU_XLA_FLAGS,
-  TPU_ASYNC_COLLECTIVES,
   Common,
   check_attention,
   check_dropout_rng,
@@ -18,6 +17,7 @@ from benchmarks.config import (
 )
 from benchmarks.task import Spec
 from runtime.errors import UserError
+from stepmodel.accelerators import GPU_XLA_FLAGS, TPU_ASYNC_COLLECTIVES
 
 SPEC = Spec(mlperf_name="transformer", rulesets=("0.6.0", "0.7.0"),
             metric="BLEU (uncased, /100)", target_field="target_bleu",
@@ -207,5 +207,4 @@ def validate(c: Config) -> None:
   require(c, ("adam_beta1", "adam_beta2"), fraction, "must be in [0, 1)")
   require(c, ("warmup_steps", "adam_epsilon", "length_penalty"), non_negative, "must be >= 0")
   if c.tokenizer:   # a bad path fails now, not after the corpus is read (or a vocabulary trained)
-    from benchmarks.common import tokenizer
     tokenizer.check(c.tokenizer, c.vocab_size)

@@ -7,9 +7,10 @@ import jax.numpy as jnp
 import optax
 from flax.traverse_util import flatten_dict, unflatten_dict
 
+from benchmarks.common.cudnn_check import check_backend
 from benchmarks.common.layers import compute_dtype, dropout_key
 from benchmarks.common.tokenizer import EOS
-from benchmarks.common.transformer import check_backend, padded_vocab, xent
+from benchmarks.common.transformer import padded_vocab, xent
 from benchmarks.task import TRAIN_FLOPS, LossAux, Task
 from benchmarks.transformer import bleu
 from benchmarks.transformer import data as data_lib

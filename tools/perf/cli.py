@@ -33,8 +33,12 @@ import sys
 import time
 from typing import Any
 
+import jax
+
+from benchmarks.registry import BENCHMARKS
+from benchmarks.resnet.model import STAGES
 from runtime import backend
-from tools.perf import report
+from tools.perf import compile_time, handwritten, report
 
 INPUT_BATCHES = 20          # input_headroom: batches timed per pipeline (start-up included)
 
@@ -100,12 +104,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
       raise ArgError(f"--{k}={getattr(a, k)}: must be at least 1")
   if a.warmup < 1:
     raise ArgError(f"--warmup={a.warmup}: at least one step (the first call places the state)")
-  from benchmarks.resnet.model import STAGES
   if a.depth not in STAGES:
     raise ArgError(f"--depth={a.depth}: choose one of {', '.join(map(str, sorted(STAGES)))}")
   if a.image_size < 32:
     raise ArgError(f"--image_size={a.image_size}: ResNet needs at least 32 pixels")
-  from benchmarks.registry import BENCHMARKS
   if a.benchmarks.strip() in ("all", ""):
     a.benchmarks = list(BENCHMARKS)
   elif a.benchmarks.strip() == "none":
@@ -191,7 +193,6 @@ def main(argv: list[str]) -> int:
   plugin = accelerator_plugin()
   if plugin is None:
     backend.use_cpu_devices(a.num_cpu_devices)
-  import jax
   # Compile times are measured: no persistent cache may serve a program compiled before.
   jax.config.update("jax_enable_compilation_cache", False)
   devs = jax.devices()
@@ -218,7 +219,6 @@ def main(argv: list[str]) -> int:
   # The compile times first, in a fresh process: CPU seconds count every thread of this process, and
   # after the other parts their pipelines' threads still run (measured: the same compiles took
   # 6.2-19.8 CPU s at the end of a run, 4.1-13.4 s alone).
-  from tools.perf import compile_time, handwritten
   compile_s = compile_time.compile_defaults(say) if a.compile_defaults else None
   resnet = {}
   for n in counts:

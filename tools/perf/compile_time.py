@@ -11,6 +11,10 @@ from __future__ import annotations
 import statistics
 import time
 
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
+
 from benchmarks import registry
 from harness import build
 from harness import run as runs
@@ -28,9 +32,6 @@ def _calibration_cpu_s(devs, repeats: int = 3) -> float:
   gradient step, data-parallel over `devs`): the median of `repeats` compiles. On a shared
   2-core machine the same benchmark compile took 11.6-19.8 CPU s within a day, so compile
   times are compared in units of this."""
-  import jax
-  import jax.numpy as jnp
-  from jax.sharding import NamedSharding, PartitionSpec
   mesh = jax.make_mesh((len(devs),), ("data",), devices=devs,
                        axis_types=(jax.sharding.AxisType.Auto,))
   rows = NamedSharding(mesh, PartitionSpec("data"))
@@ -61,7 +62,6 @@ def compile_defaults(say) -> dict[str, dict[str, float]]:
   compile (`_calibration_cpu_s`), which is what the comparison uses: on a shared machine the
   wall time of the same compile varied by 70% between runs and its CPU time by 70% within a
   day."""
-  import jax
 
   out = {}
   devs = jax.devices()

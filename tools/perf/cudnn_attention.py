@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import sys
 
+from benchmarks.common import cudnn_check
+from runtime.errors import UserError
+
 
 def main() -> int:
-  from benchmarks.common import cudnn_check
-  from runtime.errors import UserError
   try:
-    from benchmarks.common.transformer import check_backend
-    check_backend("cudnn", verify=False)
+    cudnn_check.check_backend("cudnn", compared=False)
     diffs = cudnn_check.compare()
   except UserError as e:
     print(f"error: {e}", file=sys.stderr)

@@ -39,13 +39,18 @@ What the profiles showed (jax.profiler traces of the second evaluation, cProfile
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 import time
 from typing import Any, Callable
+
+import jax
 
 from benchmarks import registry
 from harness import build
 from harness import run as runs
 from harness.options import RunOptions
+from harness.step import evaluate, global_batch
 from runtime import backend
 
 NAMES = ("resnet", "transformer", "ssd", "lm")
@@ -91,9 +96,7 @@ def train_a_few(program, task, state, steps: int):
   """`steps` training steps on the first training batches (a less random model). Each step is
   waited for, as the loop waits every few: thousands of steps of 8 CPU devices in flight with
   their collectives can deadlock XLA's CPU rendezvous."""
-  import jax
 
-  from harness.step import global_batch
   done = 0
   epoch = 0
   while done < steps:
@@ -110,7 +113,6 @@ def train_a_few(program, task, state, steps: int):
 def evaluate_once(program, task, state) -> dict[str, Any]:
   """One evaluation exactly as `harness.train.evaluate` runs it, timed in parts (seconds):
   total, data, host (host_stats + quality), device (the rest); and the quality."""
-  from harness.step import evaluate
   acc = {"data": 0.0, "host": 0.0}
   timed = program
   if program.host_stats is not None:
@@ -130,7 +132,6 @@ def preset_name(preset: str) -> str:
 
 def measure_one(name: str, say, train_steps: int = 0, cfg=None, preset: str = "cpu"
                 ) -> dict[str, Any]:
-  import jax
   say(f"  {name}: setting up the {preset_name(preset)} (data, model, compiled steps)")
   t = time.perf_counter()
   cfg, built = setup(name, cfg, preset=preset)
@@ -158,9 +159,7 @@ def measure(say, names=NAMES, train_steps: int = 0, preset: str = "cpu") -> dict
   one): {"benchmarks": {name: {...}}, "load": load average before and after, "devices": ...}.
   Needs jax started with the CPU default's devices (8 simulated CPU devices:
   `runtime.backend.use_cpu_devices(8)` before jax starts)."""
-  import os
 
-  import jax
   load0 = os.getloadavg()
   out = {name: measure_one(name, say, train_steps, preset=preset) for name in names}
   return {"benchmarks": out, "devices": len(jax.devices()), "platform": jax.devices()[0].platform,
@@ -213,7 +212,6 @@ def markdown(result: dict[str, Any]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
   """python -m tools.perf.evaluation [name ...]: measures and prints the table."""
-  import sys
 
   args = sys.argv[1:] if argv is None else argv
   train_steps = 0

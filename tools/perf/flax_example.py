@@ -23,19 +23,24 @@ import importlib.util
 import os
 import statistics
 import sys
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax.training import common_utils
+from jax import lax
 
 from runtime import backend
+from tools.perf import handwritten, timing
+from tools.perf.baseline import Baseline, TrainState, learning_rate_fn
 
 WANTED = ("cross_entropy_loss", "compute_metrics", "create_learning_rate_fn", "train_step")
 
 
 def load_example(flax_dir: str):
   """(models module, namespace holding train.py's WANTED functions)."""
-  import jax
-  import jax.numpy as jnp
-  import optax
-  from flax.training import common_utils
-  from jax import lax
 
   root = os.path.join(flax_dir, "examples", "imagenet")
   spec = importlib.util.spec_from_file_location("flax_imagenet_models",
@@ -56,9 +61,7 @@ def load_example(flax_dir: str):
 
 
 def _example_state():
-  from typing import Any
 
-  from tools.perf.baseline import TrainState
 
   class ExampleState(TrainState):
     """The example's TrainState also holds `dynamic_scale` (None without half precision),
@@ -70,9 +73,6 @@ def _example_state():
 def prepare_example(models, ns, devs, a, lr_fn):
   """The example's initial state (on one device, as `create_train_state` leaves it) and its
   pmapped step on `devs`."""
-  import jax
-  import jax.numpy as jnp
-  import optax
 
   model = models.ResNet50(num_classes=a.num_classes, dtype=jnp.float32)
   variables = jax.jit(model.init)({"params": jax.random.key(a.seed)},
@@ -111,11 +111,7 @@ def main(argv=None) -> int:
           f"checkout of github.com/google/flax", file=sys.stderr)
     return 2
   backend.use_cpu_devices(a.num_cpu_devices)
-  import jax
-  import numpy as np
 
-  from tools.perf import handwritten, timing
-  from tools.perf.baseline import Baseline, learning_rate_fn
   try:
     models, ns = load_example(a.flax_dir)
   except ValueError as e:

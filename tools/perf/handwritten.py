@@ -20,12 +20,16 @@ import statistics
 import time
 from typing import Any
 
+import jax
+
 from benchmarks.registry import BENCHMARKS
+from benchmarks.resnet.config import Config
 from harness import build
 from harness import run as runs
 from harness import step as step_lib
 from stepmodel import cost, hlo
 from tools.perf import timing
+from tools.perf.baseline import Baseline, learning_rate_fn, param_count
 
 FLOPS_TOLERANCE = 0.01      # relative difference of the two programs' FLOPs that counts as same
 
@@ -46,7 +50,6 @@ class Prepared:
 def resnet_config(a, n: int):
   """meshperf's ResNet config for this measurement: synthetic data, SGD with momentum,
   data-parallel over n devices, no optimizations."""
-  from benchmarks.resnet.config import Config
   return Config(num_cpu_devices=0, mesh=f"data:{n}", layout="batch:data", optimizations="none",
                 dataset="synthetic", synthetic_examples=a.batch * 100, image_size=a.image_size,
                 num_classes=a.num_classes, model_depth=a.depth, model_width=a.width,
@@ -58,7 +61,6 @@ def resnet_config(a, n: int):
 def baseline_lr(cfg):
   """The baseline's own schedule (the example's warmup and cosine) with the lengths of
   meshperf's (`resnet_config`: one epoch of `synthetic_examples`)."""
-  from tools.perf.baseline import learning_rate_fn
   steps = cfg.synthetic_examples // cfg.global_batch_size
   return learning_rate_fn(cfg.base_learning_rate, int(round(cfg.warmup_epochs * steps)),
                           int(round(cfg.schedule_epochs * steps)))
@@ -66,7 +68,6 @@ def baseline_lr(cfg):
 
 def prepare_meshperf(a, devs) -> Prepared:
   """meshperf's step as a run builds it (`harness.build`), on the synthetic batch."""
-  from tools.perf.baseline import param_count
   cfg = resnet_config(a, len(devs))
   built = build.build(runs.make(BENCHMARKS["resnet"], cfg, devs, process_index=0,
                                 process_count=1), with_eval=False, init=False)
@@ -80,7 +81,6 @@ def prepare_meshperf(a, devs) -> Prepared:
 
 def prepared(name: str, step, state, batch, local: dict) -> Prepared:
   """A pmapped `step` compiled for (state, batch) whose state has `params`, ready to time."""
-  from tools.perf.baseline import param_count
   t0 = time.time()
   compiled = step.lower(state, batch).compile()
   return Prepared(name, compiled, state, batch, local, time.time() - t0, cost.analyze(compiled),
@@ -89,7 +89,6 @@ def prepared(name: str, step, state, batch, local: dict) -> Prepared:
 
 def prepare_baseline(a, devs, lr, local: dict) -> Prepared:
   """The hand-written step, on the host batch `local` (meshperf's)."""
-  from tools.perf.baseline import Baseline
   base = Baseline(devs, a.depth, a.width, a.num_classes, a.image_size, a.batch,
                   cross_replica_bn=a.bn == "cross", lr=lr, seed=a.seed)
   return prepared("baseline", base.pmapped, base.init(),
@@ -102,7 +101,6 @@ def _run(p: Prepared, steps: int) -> tuple[float, float, float, float]:
   it is the work the step did, which other processes' load changes far less than the wall
   time. The kernel's share and the page faults (`getrusage`) show memory the step maps afresh
   each time (docs/performance.md)."""
-  import jax
   t0, c0 = time.perf_counter(), time.process_time()
   r0 = resource.getrusage(resource.RUSAGE_SELF)
   state, metrics = p.state, None

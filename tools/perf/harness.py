@@ -43,11 +43,22 @@ import math
 import os
 import statistics
 import tempfile
+import threading
 import time
 from typing import Any
 
+import jax
+
+from benchmarks.registry import BENCHMARKS
+from harness import prefetch, stops, timeline, train
 from harness.events import Sequence
 from harness.options import RunOptions
+from harness.step import global_batch
+from harness.stops import MetricsWindow
+from harness.timeline import Block
+from harness.train import throughput_of
+from logs import observe
+from logs.mlperf import MLPerfLog
 from tools.perf import timing
 from tools.perf.evaluation import preset_name, setup
 from tools.perf.report import SCALING_SLACK
@@ -67,7 +78,6 @@ def _default(option: str):
 
 def _window():
   """The loop's metrics window at a run's default --nan_check_every."""
-  from harness.stops import MetricsWindow
   return MetricsWindow(_default("nan_check_every"))
 
 
@@ -75,16 +85,9 @@ class _Runner:
   """One benchmark's ways of running steps (`WAYS`), sharing the all-device state."""
 
   def __init__(self, name: str, devs, steps: int, log_dir: str, say, preset: str = "cpu"):
-    import jax
 
-    from harness import prefetch, timeline
-    from harness.step import global_batch
-    from harness.train import throughput_of
-    from logs import observe
-    from logs.mlperf import MLPerfLog
     self.jax, self.steps = jax, steps
     t0 = time.perf_counter()
-    from benchmarks.registry import BENCHMARKS
     self.entry = BENCHMARKS[name]
     self.cfg, built = setup(name, devs=devs, preset=preset)
     self.task, self.program, self.state = built.task, built.program, built.state
@@ -126,8 +129,6 @@ class _Runner:
 
   def _block(self, batches) -> None:
     """One block of the loop's own `train_block`, as a run trains it (progress lines muted)."""
-    from harness import train
-    from harness.timeline import Block
     block = Block(self.step_no, self.steps, {}, {}, {}, "perf")
     progress = train.Progress(10**9, self.data.steps_per_epoch, self.rates,
                               _default("progress_every_s"), False)
@@ -199,7 +200,6 @@ class _Watched:
   work). A loop that never makes the device wait counts none after its first step."""
 
   def __init__(self, program):
-    import jax
     self.program, self.leaves = program, jax.tree.leaves
     self.last, self.idle, self.calls = None, 0, 0
 
@@ -243,7 +243,6 @@ def _thread_cpu() -> dict[int, tuple[bool, float]] | None:
   clock ticks); None where there is no /proc. The Python threads are the host's work (the loop,
   the prefetch thread, the pipeline's thread pools); the others are XLA's (the devices'
   computation on this backend, compile workers) and the allocator's."""
-  import threading
   try:
     tids = os.listdir("/proc/self/task")
   except OSError:
@@ -286,7 +285,6 @@ def _split(before, after) -> tuple[float, float]:
 
 def measure_one(name: str, devs, rounds: int, steps: int, warmup: int, log_dir: str,
                 say, min_round_s: float = 1.0, preset: str = "cpu") -> dict[str, Any]:
-  from harness import stops
   r = _Runner(name, devs, steps, log_dir, say, preset)
   r.signals = stops.Signals()
   try:
@@ -370,7 +368,6 @@ def measure(say, names=("resnet", "transformer", "ssd", "lm"), rounds: int = 12,
             steps: int = 5, warmup: int = 1, preset: str = "cpu") -> dict[str, Any]:
   """`loop_overhead` and `device_scaling` for each benchmark's CPU default (or another
   `preset`: `--quick`'s tiny one) over all devices."""
-  import jax
   devs = jax.devices()
   out = {}
   with tempfile.TemporaryDirectory(prefix="meshperf-perf-logs-") as log_dir:

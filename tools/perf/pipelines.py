@@ -37,6 +37,7 @@ examples/s; the goal is a ratio >= 3 for every benchmark.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import resource
@@ -45,9 +46,18 @@ import sys
 import time
 from typing import Any, Callable
 
+import absl.logging
 import jax
 
 from benchmarks import registry
+from benchmarks.common import grammar
+from benchmarks.lm import data as lm_data
+from benchmarks.resnet import data as resnet_data
+from benchmarks.ssd import data as ssd_data
+from benchmarks.ssd import shapes
+from benchmarks.ssd import suite as ssd_suite
+from benchmarks.ssd.config import PRESETS
+from benchmarks.transformer import data as transformer_data
 from harness import build
 from harness import run as runs
 from harness import step as step_lib
@@ -138,7 +148,6 @@ def _quiet_tfds() -> None:
   """tensorflow-datasets' progress bars off (they would fill the report)."""
   import tensorflow_datasets as tfds
   tfds.disable_progress_bar()
-  import absl.logging
   absl.logging.set_verbosity(absl.logging.WARNING)
 
 
@@ -146,20 +155,16 @@ def _write(name: str, root: str, n: int, s: Settings) -> str:
   """Writes benchmark `name`'s dataset of n training examples under root; returns data_dir."""
   folder = os.path.join(root, name)
   if name == "resnet":
-    from benchmarks.resnet import data
-    return data.write_imagenet(folder, n, 4, sizes=s.imagenet_sides, photo=True)
+    return resnet_data.write_imagenet(folder, n, 4, sizes=s.imagenet_sides, photo=True)
   if name == "ssd":
-    from benchmarks.ssd import shapes
     return shapes.ensure(folder, n, 2, size=s.coco_size)
-  from benchmarks.common import grammar
   if name == "transformer":
-    from benchmarks.transformer import data
     en, de = grammar.corpus(s.pairs + 50, 11)
-    data.write_wmt14(folder, (en[:s.pairs], de[:s.pairs]), (en[s.pairs:], de[s.pairs:]))
+    transformer_data.write_wmt14(folder, (en[:s.pairs], de[:s.pairs]),
+                                 (en[s.pairs:], de[s.pairs:]))
     return folder
-  from benchmarks.lm import data
-  lines = data.grammar_lines(s.pairs + 50, 11, True)
-  data.write_lm1b(folder, lines[:s.pairs], lines[s.pairs:])
+  lines = lm_data.grammar_lines(s.pairs + 50, 11, True)
+  lm_data.write_lm1b(folder, lines[:s.pairs], lines[s.pairs:])
   return folder
 
 
@@ -181,16 +186,12 @@ def _config(name: str, data_dir: str, s: Settings, **over):
 def _make(name: str, cfg):
   """The benchmark's Data for cfg, made by its data module's `make` (as its suite makes it)."""
   if name == "resnet":
-    from benchmarks.resnet import data
-    return data.make(cfg)
+    return resnet_data.make(cfg)
   if name == "ssd":
-    from benchmarks.ssd import data, suite
-    return data.make(cfg, suite.anchors(cfg))[0]
+    return ssd_data.make(cfg, ssd_suite.anchors(cfg))[0]
   if name == "transformer":
-    from benchmarks.transformer import data
-    return data.make(cfg)[0]
-  from benchmarks.lm import data
-  return data.make(cfg)[0]
+    return transformer_data.make(cfg)[0]
+  return lm_data.make(cfg)[0]
 
 
 def _variants(name: str, cfg, s: Settings) -> list[tuple[str, bool, Any]]:
@@ -203,7 +204,6 @@ def _variants(name: str, cfg, s: Settings) -> list[tuple[str, bool, Any]]:
   if name == "ssd":
     out = [(f"{cfg.image_size} px", True, cfg)]
     if s.real_sizes and cfg.image_size != 300:
-      from benchmarks.ssd.config import PRESETS
       pod = PRESETS["tpu-v3-2048"]
       real = dataclasses.replace(cfg, **{f: getattr(pod, f) for f in (
           "image_size", "extra_blocks", "anchor_steps", "anchor_scales", "aspect_ratios")})
@@ -369,7 +369,6 @@ def markdown(result: dict) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-  import argparse
   p = argparse.ArgumentParser(prog="python -m tools.perf.pipelines",
                               description=__doc__.split("\n\n")[0])
   p.add_argument("--workers", default="0,1,2", help="worker process counts, e.g. 0,1,2")

@@ -24,6 +24,7 @@ import datetime
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from typing import Any
@@ -41,6 +42,7 @@ from harness.run import Run
 from harness.train import throughput_of
 from mesh.spec import parse_mesh
 from runtime.errors import UserError
+from stepmodel import accelerators
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,13 +189,12 @@ def _all(argv: list[str]) -> int:
   """Each benchmark that has the preset, one process each (a GPU's memory is the next one's),
   in turn; their figures together in throughput.json. A benchmark that fails is reported and
   the others still run; the status is the first failure's."""
-  import subprocess
   preset = flags_lib.flag_value(argv, "config")
-  names = [n for n, e in BENCHMARKS.items() if preset and preset.startswith(("gpu", "tpu"))
+  names = [n for n, e in BENCHMARKS.items() if preset in accelerators.SYSTEMS
            and preset in e.config().PRESETS]
   if not names:
     have = sorted({p for e in BENCHMARKS.values() for p in e.config().PRESETS
-                   if p.startswith(("gpu", "tpu"))})
+                   if p in accelerators.SYSTEMS})
     raise UserError(f"./run.sh throughput all needs --config=NAME, a hardware preset that "
                     f"benchmarks have: one of {', '.join(have)}")
   stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")

@@ -15,6 +15,7 @@ parent raises again; any other ending is the compiler's crash, reported with its
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -22,18 +23,19 @@ import sys
 from typing import Any, Callable
 
 from benchmarks import registry
+from harness import compile_only
 from harness import run as runs
-from runtime import scratch
+from runtime import scratch, tpu_flags
 from runtime.errors import EXIT_BAD_INPUT, RunEnded, UserError
+from stepmodel import topology
+from tools.pod import points as points_lib
 
 
 def in_child(point, libtpu_args: str, *, with_eval: bool, say: Callable[[str], None],
             cache_dir: str | None, refresh: bool) -> dict[str, Any]:
   """The point's compiled facts, from a child process whose LIBTPU_INIT_ARGS is
   `libtpu_args`."""
-  import dataclasses
 
-  from runtime import tpu_flags
   with scratch.folder("meshperf-point-") as tmp:
     job, out = os.path.join(tmp, "job.json"), os.path.join(tmp, "facts.json")
     with open(job, "w") as f:
@@ -67,14 +69,10 @@ def main(argv: list[str]) -> int:
     raise UserError("usage: python -m tools.pod.compile_point JOB.json")
   with open(argv[1]) as f:
     job = json.load(f)
-  from tools.pod import points as points_lib
   point = points_lib.Point(**job["point"])
   cfg = points_lib.config(point)
-  from runtime import tpu_flags
-  from stepmodel import topology
   tpu_flags.add(cfg.libtpu_flags)      # already in the environment the parent gave
   topology.prepare_host(topology.parse(point.topology))
-  from harness import compile_only
   run = runs.on_slice(registry.BENCHMARKS[point.benchmark], cfg, point.topology)
   raw = compile_only.facts(run, with_eval=job["with_eval"], cache_dir=job["cache_dir"],
                            refresh=job["refresh"])

@@ -42,7 +42,6 @@ from typing import Any
 
 from mlperf_logging import compliance_checker
 
-from benchmarks import config as config_lib
 from harness import build, cli, compile_only, events
 from harness import flags as flags_lib
 from harness.options import flag
@@ -52,6 +51,7 @@ from logs import compliance, rcp
 from logs.mlperf import C, MLPerfLog
 from runtime import errors
 from runtime.errors import UserError
+from stepmodel import accelerators
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,9 +65,9 @@ def _argv_with_slice(argv: list[str]) -> list[str]:
   """A TPU preset compiles for its own slice unless --topology names another."""
   if len(argv) < 2 or argv[1].startswith("-") or flags_lib.flag_value(argv, "topology"):
     return argv
-  preset = flags_lib.flag_value(argv, "config") or "cpu"
-  if preset in config_lib.PRESET_SLICES:
-    return argv + [f"--topology={config_lib.PRESET_SLICES[preset]}"]
+  system = accelerators.SYSTEMS.get(flags_lib.flag_value(argv, "config") or "cpu")
+  if system is not None and system.topology:
+    return argv + [f"--topology={system.topology}"]
   return argv
 
 
@@ -173,7 +173,8 @@ def run(run: Run, say=print) -> dict[str, Any]:
   devs = run.devices
   where = o.topology or f"{len(devs)} {devs[0].platform} device(s)"
   say(f"dryrun {name} --config={o.config} on {where}: {division} division, ruleset {ruleset}")
-  if o.config.startswith("gpu") and devs[0].platform != "gpu":
+  system = accelerators.SYSTEMS.get(o.config)
+  if system is not None and system.platform == "gpu" and devs[0].platform != "gpu":
     raise UserError(f"--config={o.config} is a GPU preset and this machine has no GPU: XLA "
                     f"compiles for CUDA only where a GPU is; run the dry run on the GPU host")
   summary = compile_only.analyze(run, say=say, cache_dir=o.compile_cache or None)

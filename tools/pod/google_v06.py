@@ -112,6 +112,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from tools.pod import points
+
 REPOSITORY = "https://github.com/mlcommons/training_results_v0.6"
 BENCHMARKS = ("resnet", "ssd", "transformer")
 CHIPS = (16, 64, 128, 256, 512, 1024)
@@ -713,7 +715,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif not args.points:
       sys.stdout.write(text)
     if args.points:
-      from tools.pod import points
       _write(args.points, json.dumps(points.from_google(derived), indent=1) + "\n")
   except InputError as e:
     print(f"error: {e}", file=sys.stderr)

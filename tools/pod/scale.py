@@ -25,7 +25,7 @@ point: `modelled_step_ms`, `measured_step_ms`, `modelled_mfu`, `measured_mfu`,
 summary) and a PNG (`--plot`): modelled against measured steps, and the
 minutes per slice.
 
-`--fit` fits the model's constants for each TPU generation (`hardware.Calibration`: the
+`--fit` fits the model's constants for each TPU generation (`accelerators.Calibration`: the
 per-kernel overhead, the achieved fraction of HBM bandwidth, the ICI latency; at most three) to
 the measured steps of the points `--fit_on` names (chip counts or point names), prints them and
 uses them for this run; the constants the model uses by default are the generation's, in
@@ -54,11 +54,14 @@ from absl import flags
 
 from benchmarks import config as config_lib
 from benchmarks import registry
+from harness import compile_only, options
 from harness import flags as flags_lib
-from harness import options
 from harness import run as runs
 from harness.options import flag
+from runtime import tpu_flags
 from runtime.errors import UserError
+from stepmodel import accelerators, steptime, topology
+from tools.pod import compile_point
 from tools.pod import points as points_lib
 from tools.pod.points import Point
 
@@ -177,16 +180,12 @@ _USER_LIBTPU_ARGS = os.environ.get("LIBTPU_INIT_ARGS", "")
 
 
 def _compiled(point: Point, cfg, *, with_eval, say, cache_dir, refresh):
-  from runtime import tpu_flags
-  from stepmodel import topology
   # Before jax starts: the host backend stays on CPU; naming the slice keeps libtpu quiet.
   topology.prepare_host(topology.parse(point.topology))
-  from harness import compile_only
   want = tpu_flags.merged(cfg.libtpu_flags, _USER_LIBTPU_ARGS)
   here = " ".join(os.environ.get(tpu_flags.VARIABLE, "").split())
   if tpu_flags.loaded() and want != here:
     # This process's libtpu loaded with another point's flags (it reads them once).
-    from tools.pod import compile_point
     raw = compile_point.in_child(point, want, with_eval=with_eval, say=say,
                                  cache_dir=cache_dir, refresh=refresh)
   else:
@@ -202,7 +201,6 @@ def _compiled(point: Point, cfg, *, with_eval, say, cache_dir, refresh):
 def _fit(compiled: list[tuple[Point, Any]], fit_on: list[Point],
          say: Callable[[str], None]) -> dict[str, Any]:
   """A calibration per TPU generation, fitted on the measured steps of `fit_on`."""
-  from stepmodel import steptime
   names = {p.name for p in fit_on}
   by_gen: dict[str, list] = {}
   for point, (_, steps) in compiled:
@@ -236,11 +234,9 @@ def run(chosen: list[Point], output_dir: str, plot_path: str | None, cache_dir: 
     done.append((point, (cfg, *compiled(point, cfg, with_eval=with_eval, say=say,
                                         cache_dir=cache_dir, refresh=refresh))))
   calibrations = _fit([(p, c[1:]) for p, c in done], fit_on, say) if fit_on else {}
-  from harness import compile_only
-  from stepmodel import accelerators as hardware
   rows: dict[str, list[dict]] = {}
   for point, (cfg, raw, steps) in done:
-    gen = hardware.GENERATIONS[point.topology.split(":")[0]]
+    gen = accelerators.GENERATIONS[point.topology.split(":")[0]]
     cal = calibrations.get(gen.name, gen.calibration)
     summary = compile_only.summarize(raw, cfg, overlap, cal, steps)
     fitted = point.name in cal.points

@@ -20,13 +20,16 @@ Nothing a run would accept exists before the whole dataset is written and checke
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import shutil
 import sys
 
 from benchmarks import config as config_lib
+from benchmarks.data import check_split
 from runtime.errors import UserError
+from tools.prepare import shards
 
 DATASETS = ("imagenet", "coco", "wmt14", "lm1b")
 # tfds names and the published counts (tools.prepare.<dataset>.PUBLISHED).
@@ -89,7 +92,6 @@ def _check_disk(a: argparse.Namespace, archives: list[str], written: int) -> Non
 def _prepared(name: str, final: str) -> bool:
   """True when `final` holds the whole dataset tfds would read; a folder there that is not one
   is refused (it is the user's to remove)."""
-  from benchmarks.data import check_split
   info = os.path.join(final, "dataset_info.json")
   if not os.path.exists(info):
     return False
@@ -104,7 +106,6 @@ def main(argv: list[str]) -> int:
   if any(a in ("-h", "--help") for a in argv[1:]):
     parse(["--help"])
   a = parse(argv[1:])
-  import importlib
   module = importlib.import_module(f"tools.prepare.{a.dataset}")
   _check(a)
   archives = [os.path.join(a.src, n) for n in module.ARCHIVE_BYTES]
@@ -121,7 +122,6 @@ def main(argv: list[str]) -> int:
     module.prepare(a.src, a.data_dir, a.workers, a.subset, say)
     print(f"prepare: done; train with ./run.sh ssd --dataset=coco --data_dir={a.data_dir}")
     return 0
-  from tools.prepare import shards
   name = TFDS[a.dataset]
   final = os.fspath(shards.builder(name, a.data_dir).data_dir)
   if _prepared(name, final):

@@ -23,6 +23,7 @@ from typing import Callable
 
 from runtime.errors import UserError
 from tools.prepare import workers as worker_pool
+from tools.prepare.archives import need
 
 ZIPS = {"train2017": "train2017.zip", "val2017": "val2017.zip"}
 ANNOTATIONS = "annotations_trainval2017.zip"
@@ -86,7 +87,6 @@ def prepare(src: str, data_dir: str, workers: int, subset: bool,
             say: Callable[[str], None]) -> str:
   from tqdm import tqdm
 
-  from tools.prepare.archives import need
   paths = dict(zip([*ZIPS, "annotations"], need(src, [*ZIPS.values(), ANNOTATIONS],
                                                  "cocodataset.org: 2017 Train, Val images and "
                                                  "Train/Val annotations")))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import os
 import shutil
 import tarfile
@@ -22,6 +23,9 @@ import time
 import zipfile
 
 import numpy as np
+
+from harness.cli import ending
+from tools.prepare import cli, lm1b, shards, wmt14
 
 FULL = {"imagenet": 1281167 + 50000, "coco": 118287 + 5000, "wmt14": 4508785 + 3000 + 3003,
         "lm1b": 30301028 + 306688}
@@ -53,7 +57,6 @@ def _sentences(rng, n: int) -> list[str]:
 
 
 def _imagenet(src, rng, n):
-  from tools.prepare import shards
   synsets = shards.builder("imagenet2012", src).info.features["label"].names[:20]
   per = max(1, n // 20)
   with tarfile.open(os.path.join(src, "ILSVRC2012_img_train.tar"), "w") as outer:
@@ -70,7 +73,6 @@ def _imagenet(src, rng, n):
 
 
 def _coco(src, rng, n):
-  import json
   for split, count in (("train2017", n), ("val2017", n // 10)):
     images = [{"id": i, "file_name": f"{i:012d}.jpg", "width": 640, "height": 480}
               for i in range(1, count + 1)]
@@ -92,7 +94,6 @@ def _tgz(path, files):
 
 
 def _wmt14(src, rng, n):
-  from tools.prepare import wmt14
   third = n // 3
   for archive, (de, en) in wmt14.TRAIN.items():
     _tgz(os.path.join(src, archive), {de: "\n".join(_sentences(rng, third)) + "\n",
@@ -106,7 +107,6 @@ def _wmt14(src, rng, n):
 
 
 def _lm1b(src, rng, n):
-  from tools.prepare import lm1b
   files = {f"{lm1b.TOP}/training-monolingual.tokenized.shuffled/news.en-{i:05d}-of-00100":
            "\n".join(_sentences(rng, n // 4)) + "\n" for i in range(1, 5)}
   files[f"{lm1b.TOP}/heldout-monolingual.tokenized.shuffled/news.en.heldout-00000-of-00050"] = \
@@ -120,8 +120,6 @@ def _size(path: str) -> int:
 
 
 def main(argv=None) -> None:
-  from harness.cli import ending
-  from tools.prepare import cli
   p = argparse.ArgumentParser(prog="python -m tools.prepare.measure")
   p.add_argument("--images", type=int, default=2000)
   p.add_argument("--lines", type=int, default=200000)
