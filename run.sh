@@ -57,15 +57,16 @@ wants_topology() {
 verb="${1:-}"
 case "$verb" in
   "")
-    echo "error: ./run.sh needs a verb: a benchmark (resnet, transformer, ssd, lm), test, check," \
-      "package, ablate, sweep, scale, perf, throughput, prepare or install; ./run.sh --help shows how each is used" >&2
+    echo "error: ./run.sh needs a verb: a benchmark (resnet, transformer, ssd, lm, llama), test," \
+      "check, package, ablate, sweep, dryrun, scale, perf, throughput, prepare or install;" \
+      "./run.sh --help shows how each is used" >&2
     exit 2 ;;
   -h|--help|help)
     usage; exit 0 ;;
   -*)
     echo "error: ./run.sh $verb: the first word is a verb (a benchmark, test, check, package," \
-      "ablate, sweep, scale, perf, throughput, prepare or install), then its flags; ./run.sh --help shows how each is" \
-      "used" >&2
+      "ablate, sweep, dryrun, scale, perf, throughput, prepare or install), then its flags;" \
+      "./run.sh --help shows how each is used" >&2
     exit 2 ;;
   test)
     shift; bootstrap

@@ -5,8 +5,9 @@ as data: the compiler's cost and memory analyses and the HLO text of each step (
 facts`), with the run's context (mesh, layout, plan, dataset, device coordinates), gzipped
 JSON in `<cache_dir>/<key>.json.gz`, where key = sha256 of the benchmark, the full config, the
 topology, whether eval was compiled, and the versions of jax, jaxlib and libtpu. Beside it the
-entry records the sha256 of every project source file a program is compiled from that was
-loaded when it compiled (`compiled_from`: the sharding core `mesh/`, `optimizations/`, the
+entry records the sha256 of the code (its syntax tree, without comments and docstrings:
+`code_of`) of every project source file a program is compiled from that was loaded when it
+compiled (`compiled_from`: the sharding core `mesh/`, `optimizations/`, the
 suites under `benchmarks/` and the step builder, `harness/build.py` and `harness/step.py`), and
 of pyproject.toml; the entry is used only while all of them are unchanged. The rest is left out
 by room: the step model that *reads* the facts (`stepmodel/`), the tools (`tools/`), the rest of
@@ -18,6 +19,7 @@ compiling them again.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import fnmatch
 import gzip
@@ -100,19 +102,40 @@ def loaded_code(root: str = ROOT) -> list[str]:
   return sorted(files)
 
 
+def code_of(source: bytes) -> bytes:
+  """What a Python file compiles to, less its comments and docstrings: the dump of its syntax
+  tree (no line numbers) with each module's, class's and function's docstring removed. Source
+  that does not parse is taken as it is."""
+  try:
+    tree = ast.parse(source)
+  except (SyntaxError, ValueError):
+    return source
+  for node in ast.walk(tree):
+    if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+      body = node.body
+      if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+          and isinstance(body[0].value.value, str):
+        node.body = body[1:] or [ast.Pass()]
+  return ast.dump(tree).encode()
+
+
 def file_hashes(rels: list[str], root: str = ROOT) -> dict[str, str | None]:
+  """sha256 of each file: of its code (`code_of`) for a Python file, of its bytes otherwise
+  (pyproject.toml); None for a file that is not there."""
   out = {}
   for rel in rels:
     try:
       with open(os.path.join(root, rel), "rb") as f:
-        out[rel] = hashlib.sha256(f.read()).hexdigest()
+        data = f.read()
     except OSError:
       out[rel] = None
+      continue
+    out[rel] = hashlib.sha256(code_of(data) if rel.endswith(".py") else data).hexdigest()
   return out
 
 
 def stale(code: dict[str, str | None], root: str = ROOT) -> list[str]:
-  """The recorded files whose bytes changed (or that appeared or went) since; files recorded
+  """The recorded files whose code changed (or that appeared or went) since; files recorded
   that are no longer counted as compiled-from code (`compiled_from`) are ignored."""
   code = {rel: h for rel, h in code.items() if rel == "pyproject.toml" or compiled_from(rel)}
   now = file_hashes(list(code), root)

@@ -3,8 +3,12 @@ kind of bad input, for every entry point, is in the catalogue of tests/test_bad_
 entry point runs in this process (`tests.helpers.run_here`); the shell script in its own."""
 
 import os
+import re
 import subprocess
 
+import pytest
+
+from benchmarks.registry import BENCHMARKS
 from tests import helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,16 +29,33 @@ def test_help_lists_the_benchmarks_flags_with_preset_values(capfd):
   assert "--adam_beta1=0.9" in out and "--model_depth" not in out
 
 
-VERBS = ("check", "package", "ablate", "sweep", "scale", "perf", "throughput", "prepare",
-         "install", "resnet", "transformer", "ssd", "lm")
+def _run_sh_verbs() -> list[str]:
+  """The verbs of run.sh's `case "$verb"` (every label but the catch-all, the empty word and
+  the help spellings), and then the registered benchmarks, which the catch-all runs."""
+  with open(os.path.join(ROOT, "run.sh")) as f:
+    labels = re.findall(r"^  ([a-z0-9|]+)\)$", f.read(), re.M)
+  return [v for label in labels for v in label.split("|") if v != "help"] + list(BENCHMARKS)
 
 
+VERBS = tuple(_run_sh_verbs())
+
+
+def test_run_sh_without_a_verb_names_every_verb_and_benchmark():
+  p = subprocess.run([os.path.join(ROOT, "run.sh")], capture_output=True, text=True, timeout=60,
+                     check=False)
+  assert p.returncode == 2 and p.stderr.startswith("error: ./run.sh needs a verb"), p.stderr
+  assert f"a benchmark ({', '.join(BENCHMARKS)})" in p.stderr
+  missing = [v for v in VERBS if v not in BENCHMARKS and not re.search(rf"\b{v}\b", p.stderr)]
+  assert not missing and {"test", "dryrun", "install"} <= set(VERBS), (missing, p.stderr)
+
+
+@pytest.mark.slow
 def test_every_verbs_help_is_help(tmp_path):
   """`./run.sh <verb> --help` for every verb (before a benchmark is named, too): the verb's
   usage on stdout and status 0, never an `error:` line or a traceback."""
   env = dict(os.environ)
   env.pop("XLA_FLAGS", None)
-  for verb in ("", *VERBS):
+  for verb in ("", *(v for v in VERBS if v != "test")):   # `test --help` is pytest's
     p = subprocess.run([os.path.join(ROOT, "run.sh"), *([verb] if verb else []), "--help"],
                        cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=300,
                        check=False)

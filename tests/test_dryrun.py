@@ -56,7 +56,7 @@ def _dryrun(tmp_path, *args):
   env = {**os.environ, "MESHPERF_CACHE": str(tmp_path / "cache")}
   return subprocess.run([sys.executable, "-m", "tools.pod.dryrun", *args,
                          f"--output_dir={tmp_path / 'out'}", "--compile_cache="],
-                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=800)
 
 
 @pytest.mark.slow

@@ -14,7 +14,8 @@ import pytest
 from benchmarks.llama.config import PRESETS, SPEC
 from tools import check
 
-pytestmark = pytest.mark.slow   # minutes: `./run.sh test --quick` leaves this file out
+# Minutes: `./run.sh test --quick` leaves this file out; the run has its own deadline.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

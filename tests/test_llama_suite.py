@@ -45,6 +45,7 @@ def test_the_closed_keys():
   assert keys["config_filename"] == "benchmarks/llama/config.py:custom"
 
 
+@pytest.mark.slow
 def test_the_tiny_preset_learns_and_decays_only_matrices(tmp_path, monkeypatch):
   monkeypatch.setenv("MESHPERF_CACHE", str(tmp_path))
   from flax import linen as nn

@@ -1,5 +1,6 @@
 """Optimizations are chosen by name, refused when they cannot apply, and visible in the compiled
-program and in summary.json (exactness: test_optimizations_exact.py)."""
+program and in summary.json (their exactness against one device in float64:
+tests/test_exactness.py)."""
 
 import dataclasses
 import math

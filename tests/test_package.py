@@ -59,7 +59,7 @@ def _olympic(paths):
 def series(tmp_path_factory):
   out = tmp_path_factory.mktemp("series") / "runs"
   p = subprocess.run(RUN + ["--num_runs=5", f"--output_dir={out}"], cwd=ROOT, env=_env(),
-                     capture_output=True, text=True, timeout=900, check=False)
+                     capture_output=True, text=True, timeout=800, check=False)
   assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
   return out, p.stdout
 

@@ -256,7 +256,9 @@ def test_resume_with_another_model_shape_is_bad_input(baseline, tmp_path):
   assert sorted(os.listdir(out)) == before
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+@pytest.mark.parametrize("sig", [signal.SIGTERM,
+                                 pytest.param(signal.SIGHUP, marks=pytest.mark.slow)],
+                         ids=["SIGTERM", "SIGHUP"])
 def test_a_signal_during_the_setup_ends_with_status_5_and_leaves_nothing(tmp_path, sig):
   """Before training starts (here: while the step compiles) a stop signal ends the run with
   status 5 and one line, not the default death by signal (143, 129); nothing is written."""

@@ -27,7 +27,8 @@ def _one_step(name: str, remat: str):
           built.program.step_cost["flops_per_device"])
 
 
-@pytest.mark.parametrize("name", ["resnet", pytest.param("transformer", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["resnet", "transformer"])
 def test_remat_changes_the_work_not_the_step(name):
   with jax.enable_x64(True):
     runs = {mode: _one_step(name, mode) for mode in ("none", "full", "dots")}

@@ -142,6 +142,34 @@ def test_cached_code_is_checked_file_by_file(tmp_path):
     assert compile_cache.stale(code, str(tmp_path)) == []
 
 
+def test_comments_and_docstrings_do_not_make_a_cached_program_stale(tmp_path):
+  """What a file compiles to is its code: a comment, a docstring or a blank line edited keeps
+  the cached program; a changed constant, name or statement does not."""
+  rel, path = "mesh/a.py", tmp_path / "mesh" / "a.py"
+  path.parent.mkdir()
+  source = '''"""A module."""
+
+X = 1   # a constant
+
+
+def f(y):
+  """Its docstring."""
+  return X + y
+'''
+  path.write_text(source)
+  code = compile_cache.file_hashes([rel], str(tmp_path))
+  for same in (source.replace("# a constant", "# the constant, documented"),
+               source.replace("Its docstring.", "Its docstring,\n  on two lines."),
+               source.replace('"""A module."""', '"""Another module."""') + "\n# the end\n",
+               source.replace("\n\n\ndef", "\n\n\n\n# a note\ndef")):
+    path.write_text(same)
+    assert compile_cache.stale(code, str(tmp_path)) == [], same
+  for other in (source.replace("X = 1", "X = 2"), source.replace("X + y", "y + X"),
+                source.replace('"""Its docstring."""', '"""Its docstring."""\n  y = -y')):
+    path.write_text(other)
+    assert compile_cache.stale(code, str(tmp_path)) == [rel], other
+
+
 def test_loaded_code_is_the_compile_path_not_the_point_tables():
   for module in ("harness.step", "harness.train"):    # loaded, as in a compile-only run
     importlib.import_module(module)
@@ -245,6 +273,7 @@ def test_the_verb_writes_table_json_plot_and_errors(tmp_path):
   assert calls[-1][-1] is True
 
 
+@pytest.mark.slow
 def test_fit_finds_the_constants_behind_steps_it_made(tmp_path):
   """Steps made by the model under known constants (two programs of different mixes, so that
   the overhead and the bandwidth are both identifiable) are fitted back to those constants."""

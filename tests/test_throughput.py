@@ -41,7 +41,8 @@ def test_resnet_forward_flops():
 
 @pytest.mark.parametrize("size, extra, depth, width, classes, boxes", [
     (128, (2, 2, 2, 2), 18, 8, 5, (4, 6, 6, 4, 4)),
-    (300, (2, 2, 2, 0, 0), 34, 16, 81, (4, 6, 6, 6, 4, 4)),     # MLPerf's maps 38 .. 3, 1
+    pytest.param(300, (2, 2, 2, 0, 0), 34, 16, 81, (4, 6, 6, 6, 4, 4),   # MLPerf's maps 38 .. 3, 1
+                 marks=pytest.mark.slow),
 ])
 def test_ssd_forward_flops(size, extra, depth, width, classes, boxes):
   model = SSD(classes, boxes, extra_blocks=extra, depth=depth, width=width)

@@ -57,6 +57,7 @@ def _run_here(args, capfd):
   return out
 
 
+@pytest.mark.slow
 def test_a_transformer_preset_counts_every_synthetic_token(tmp_path, capfd):
   """Synthetic rows have no padding: the step's real tokens are batch x length, so tokens/s is
   examples/s x 64; the model FLOPs of a step are the task's per example x the batch."""
@@ -115,6 +116,7 @@ def test_a_gpu_preset_fitted_to_four_devices_in_a_process_of_its_own(tmp_path):
       16 / r["step_s"]["median"] / 4, rel=1e-12)
 
 
+@pytest.mark.slow
 def test_all_runs_every_benchmark_with_the_preset_and_reports_each_failure(tmp_path):
   """`all`: each benchmark that has the preset in a process of its own; one that fails (here
   every one: a batch no 8 devices divide) is reported and the rest still run; the status is the

@@ -13,7 +13,8 @@ from harness import run as runs
 from harness import train
 from tools import check
 
-pytestmark = pytest.mark.slow   # minutes: `./run.sh test --quick` leaves this file out
+# Minutes: `./run.sh test --quick` leaves this file out; the run has its own deadline.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -22,7 +22,6 @@ import subprocess
 import sys
 from typing import Any, Callable
 
-from benchmarks import registry
 from harness import compile_only
 from harness import run as runs
 from runtime import scratch, tpu_flags
@@ -73,7 +72,7 @@ def main(argv: list[str]) -> int:
   cfg = points_lib.config(point)
   tpu_flags.add(cfg.libtpu_flags)      # already in the environment the parent gave
   topology.prepare_host(topology.parse(point.topology))
-  run = runs.on_slice(registry.BENCHMARKS[point.benchmark], cfg, point.topology)
+  run = runs.on_slice(point.entry, cfg, point.topology)
   raw = compile_only.facts(run, with_eval=job["with_eval"], cache_dir=job["cache_dir"],
                            refresh=job["refresh"])
   with open(job["out"], "w") as f:

@@ -65,6 +65,11 @@ class Point:
   facts: dict[str, Any] = dataclasses.field(default_factory=dict)
 
   @property
+  def entry(self) -> registry.Entry:
+    """The registered benchmark the point runs (`check` refuses an unknown one)."""
+    return registry.BENCHMARKS[self.benchmark]
+
+  @property
   def chips(self) -> int:
     return topology.parse(self.topology).num_chips
 
@@ -154,7 +159,7 @@ def load(path: str = DEFAULT) -> list[Point]:
 
 def config(point: Point):
   """The point's config: its preset with its overrides (lists become tuples)."""
-  entry = registry.BENCHMARKS[point.benchmark]
+  entry = point.entry
   base = config_lib.preset(entry.config().PRESETS, point.preset, point.benchmark)
   values = {k: tuple(v) if isinstance(v, list) else v for k, v in point.overrides.items()}
   return config_lib.replace(base, values)
@@ -169,9 +174,9 @@ def check(point: Point, where: str) -> None:
   try:
     cfg = config(point)
     config_lib.validate_common(cfg)
-    registry.BENCHMARKS[point.benchmark].config().validate(cfg)
+    point.entry.config().validate(cfg)
     topo = topology.parse(point.topology)
-    strings = runs.parse(registry.BENCHMARKS[point.benchmark], cfg)
+    strings = runs.parse(point.entry, cfg)
     mesh, layout = strings.mesh, strings.layout
   except UserError as e:
     raise UserError(f"{where}: {e}") from None

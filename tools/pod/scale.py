@@ -53,7 +53,6 @@ from typing import Any, Callable
 from absl import flags
 
 from benchmarks import config as config_lib
-from benchmarks import registry
 from harness import compile_only, options
 from harness import flags as flags_lib
 from harness import run as runs
@@ -192,7 +191,7 @@ def _compiled(point: Point, cfg, *, with_eval, say, cache_dir, refresh):
     if want != here:
       tpu_flags.check(cfg.libtpu_flags)
       os.environ[tpu_flags.VARIABLE] = want
-    run = runs.on_slice(registry.BENCHMARKS[point.benchmark], cfg, point.topology)
+    run = runs.on_slice(point.entry, cfg, point.topology)
     raw = compile_only.facts(run, with_eval=with_eval, say=say, cache_dir=cache_dir,
                              refresh=refresh)
   return raw, compile_only.read(raw, cfg)
