@@ -20,7 +20,7 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from runtime import backend, scratch
+from runtime import host, scratch
 from runtime.errors import UserError
 
 Batch = dict[str, np.ndarray]
@@ -171,9 +171,9 @@ def text_lines(path: str, what: str) -> list[str]:
 def check_image_batches(cfg, process_count: int, bytes_per_value: int) -> None:
   """A batch of `cfg.image_size` square RGB images (train or eval, the larger), two of them (one
   in the step and the next being made, at least), fits in this host's available memory: refused
-  in one line before anything is sized by the image (`runtime.backend.check_host_fits`)."""
+  in one line before anything is sized by the image (`runtime.host.check_host_fits`)."""
   local = max(cfg.global_batch_size, cfg.eval_batch_size or cfg.global_batch_size) // process_count
-  backend.check_host_fits(2 * local * cfg.image_size ** 2 * 3 * bytes_per_value,
+  host.check_host_fits(2 * local * cfg.image_size ** 2 * 3 * bytes_per_value,
                           f"--image_size={cfg.image_size} with batches of {local:,} images per "
                           f"host", "lower --image_size or the batch sizes, or run on more hosts")
 

@@ -29,7 +29,7 @@ from harness import options, stops
 from harness import run as runs
 from harness.options import RunOptions
 from harness.run import Run
-from runtime import backend, errors, multihost, tpu_flags
+from runtime import backend, errors, host, multihost, tpu_flags
 from runtime.errors import UserError
 from stepmodel import topology as topology_lib
 from stepmodel.topology import Topology
@@ -81,7 +81,7 @@ def _check_options(name: str, o: RunOptions) -> None:
   _check_num_runs(o)
   config_lib.check_writable("--output_dir", o.output_dir or os.path.join("runs", name))
   # Tokenizers, generated datasets and the CPU's measured peak are kept there.
-  config_lib.check_writable("MESHPERF_CACHE", backend.cache_root())
+  config_lib.check_writable("MESHPERF_CACHE", host.cache_root())
 
 
 MAX_RUNS = 1000
@@ -206,9 +206,9 @@ def setup(argv: list[str], verb: str = "<benchmark>", tool: type | None = None,
     mod.validate(dataclasses.replace(cfg, data_dir="(not read: compile-only)"))
   else:
     mod.validate(cfg)
-  if refit is not None:
-    cfg = refit(cfg, tool_options, devs)
-    strings = runs.parse(entry, cfg)
+  refitted = refit(cfg, tool_options, devs) if refit is not None else cfg
+  if refitted != cfg:                     # its own strings, parsed
+    cfg, strings = refitted, runs.parse(entry, refitted)
   return runs.make(entry, cfg, devs, options=o, topology=topology, strings=strings,
                    tool=tool_options, given=given)
 

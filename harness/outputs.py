@@ -20,7 +20,7 @@ import shutil
 
 from harness.options import RunOptions
 from logs import observe
-from runtime import backend, errors
+from runtime import errors, host
 from runtime.errors import UserError
 
 
@@ -152,7 +152,7 @@ def output_lock(output_dir: str):
   `locks/`, so it ends with the process however the process ends; the file is removed on
   release (and the folder with its last file)."""
   real = os.path.realpath(output_dir)
-  folder = os.path.join(backend.cache_root(), "locks")
+  folder = os.path.join(host.cache_root(), "locks")
   path = os.path.join(folder, hashlib.sha256(real.encode()).hexdigest()[:24] + ".lock")
   while True:
     os.makedirs(folder, exist_ok=True)

@@ -27,7 +27,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from runtime import backend
+from runtime import host
 from stepmodel import accelerators
 
 
@@ -59,9 +59,9 @@ def measure_cpu_flops(n: int = 1024, repeats: int = 5) -> float:
 
 def cpu_flops() -> float:
   """`measure_cpu_flops`, measured once per host (CPU model and core count) and kept in the
-  cache (`runtime.backend.cache_root()`/cpu-peak.json)."""
+  cache (`runtime.host.cache_root()`/cpu-peak.json)."""
   key = f"{_cpu_model()} x {os.cpu_count()}"
-  path = os.path.join(backend.cache_root(), "cpu-peak.json")
+  path = os.path.join(host.cache_root(), "cpu-peak.json")
   try:
     with open(path) as f:
       known = json.load(f)

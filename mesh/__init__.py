@@ -1,8 +1,7 @@
-"""meshperf's mesh-sharding core: named dimensions, layouts, device meshes, compiled-step costs."""
+"""meshperf's mesh-sharding core: named dimensions, layouts, device meshes, explicit collectives."""
 
 from mesh.sharding import Sharder, constrain, names_of, use
 from mesh.spec import Layout, MeshSpec, parse_layout, parse_mesh
-from runtime.errors import UserError
 
-__all__ = ["UserError", "Sharder", "constrain", "names_of", "use", "Layout", "MeshSpec",
+__all__ = ["Sharder", "constrain", "names_of", "use", "Layout", "MeshSpec",
            "parse_layout", "parse_mesh"]

@@ -1,28 +1,24 @@
 """This process's jax backend: simulated CPU devices, XLA's flags tried before the backend
-starts, the backend started where its failure is one line, and the memory a device and the host
-can give (process plumbing; the device meshes themselves: `mesh.devices`)."""
+starts, the backend started where its failure is one line, and the memory a device can give
+(process plumbing; the host's memory and cache: `runtime.host`; the device meshes themselves:
+`mesh.devices`)."""
 
 from __future__ import annotations
 
 import glob
 import importlib.util
+import json
 import os
 import re
 import subprocess
 import sys
+from importlib import metadata
 
 import jax
 from jax._src import xla_bridge
 
+from runtime import host
 from runtime.errors import UserError
-
-
-def cache_root() -> str:
-  """Where meshperf keeps what it makes once per machine (tokenizers, generated datasets, the
-  CPU's measured peak): `$MESHPERF_CACHE`, else `$XDG_CACHE_HOME/meshperf`, else
-  `~/.cache/meshperf`."""
-  return os.environ.get("MESHPERF_CACHE") or os.path.join(
-      os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "meshperf")
 
 
 def _installed(module: str) -> bool:
@@ -45,22 +41,6 @@ def skip_absent_tpu() -> None:
   jax.config.update("jax_platforms", "cuda,cpu" if cuda else "cpu")
 
 
-def host_memory_bytes() -> int | None:
-  """The memory this host can still give (Linux's MemAvailable, /proc/meminfo), else its
-  physical memory; None where neither is known."""
-  try:
-    with open("/proc/meminfo") as f:
-      for line in f:
-        if line.startswith("MemAvailable:"):
-          return int(line.split()[1]) * 1024
-  except (OSError, ValueError, IndexError):
-    pass
-  try:
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-  except (OSError, ValueError, AttributeError):
-    return None
-
-
 def device_memory_bytes(device) -> tuple[int | None, str]:
   """(bytes, what they are) one device can hold: an accelerator's own limit (`memory_stats`
   bytes_limit); a CPU device's share of the host's available memory (this process's CPU devices
@@ -69,12 +49,12 @@ def device_memory_bytes(device) -> tuple[int | None, str]:
     stats = device.memory_stats() or {}
     limit = stats.get("bytes_limit")
     return (int(limit) if limit else None), f"{device.device_kind} memory"
-  host = host_memory_bytes()
+  available = host.host_memory_bytes()
   n = len(jax.local_devices(backend="cpu"))
-  if host is None:
+  if available is None:
     return None, ""
-  return host // n, (f"a 1/{n} share of the host's {host / 2**30:.1f} GiB available" if n > 1
-                     else "the host's available memory")
+  return available // n, (f"a 1/{n} share of the host's {available / 2**30:.1f} GiB available"
+                          if n > 1 else "the host's available memory")
 
 
 def check_fits(memory: dict, device, what: str) -> None:
@@ -91,16 +71,6 @@ def check_fits(memory: dict, device, what: str) -> None:
       f"more than the {have / 2**30:.2f} GiB a device has here ({whose}): lower "
       f"--global_batch_size, the model's or the input's size, or shard it over more devices "
       f"(--mesh, --layout)")
-
-
-def check_host_fits(nbytes: int, what: str, fix: str) -> None:
-  """UserError when `nbytes` of host memory (a batch, a dataset held whole) is more than this
-  host has available: refused before it is allocated, not a MemoryError or the kernel's
-  out-of-memory kill halfway."""
-  have = host_memory_bytes()
-  if have is not None and nbytes > have:
-    raise UserError(f"{what} needs {nbytes / 2**30:,.1f} GiB of host memory, more than the "
-                    f"{have / 2**30:.1f} GiB this host has available: {fix}")
 
 
 def start_backend() -> None:
@@ -133,10 +103,45 @@ def check_env_xla_flags() -> None:
 _TRIED: set[str] = set()
 
 
+# XLA_FLAGS that this machine's jaxlib took, kept in the cache (`runtime.host.cache_root`): a run
+# with the same flags needs no child process to try them again. Only flags that passed are kept.
+TAKEN_FLAGS = "xla-flags-taken.json"
+
+
+def _taken(merged: str) -> bool:
+  try:
+    with open(os.path.join(host.cache_root(), TAKEN_FLAGS)) as f:
+      return merged in json.load(f).get(metadata.version("jaxlib"), [])
+  except (OSError, ValueError, AttributeError, metadata.PackageNotFoundError):
+    return False
+
+
+def _remember_taken(merged: str) -> None:
+  """Adds `merged` to the flags this jaxlib took (written whole, then renamed: a reader never
+  sees half a file); a cache that cannot be written is left as it is."""
+  path = os.path.join(host.cache_root(), TAKEN_FLAGS)
+  try:
+    with open(path) as f:
+      known = json.load(f)
+  except (OSError, ValueError):
+    known = {}
+  try:
+    version = metadata.version("jaxlib")
+    known[version] = sorted(set(known.get(version, [])) | {merged})
+    os.makedirs(host.cache_root(), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+      json.dump(known, f)
+    os.replace(tmp, path)
+  except (OSError, metadata.PackageNotFoundError):
+    pass
+
+
 def check_xla_flags(flags: str, base: str = "", what: str = "--xla_flags") -> str:
   """`base` (XLA_FLAGS as it is) with `flags` appended, once XLA has taken them: XLA aborts a
   process on a flag it does not know, so they are tried in a child process (CPU only, about a
-  second) and a flag it refuses is a UserError, in one line."""
+  second; once per machine and jaxlib version for flags it took, `TAKEN_FLAGS`) and a flag it
+  refuses is a UserError, in one line."""
   bad = [f for f in flags.split() if not re.match(r"--xla_[a-z0-9_]+(=\S*)?$", f)]
   if bad:
     raise UserError(f"{what}: {bad[0]!r} is not an XLA flag (write --xla_<name>[=value], "
@@ -146,6 +151,8 @@ def check_xla_flags(flags: str, base: str = "", what: str = "--xla_flags") -> st
     raise UserError(f"{what}={flags}: {tpu[0]} is a flag of the TPU compiler (libtpu), "
                     f"which reads LIBTPU_INIT_ARGS, not XLA_FLAGS: set LIBTPU_INIT_ARGS instead")
   merged = " ".join(base.split() + flags.split())
+  if _taken(merged):
+    return merged
   try:
     probe = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"],
                            env={**os.environ, "XLA_FLAGS": merged, "JAX_PLATFORMS": "cpu"},
@@ -161,6 +168,7 @@ def check_xla_flags(flags: str, base: str = "", what: str = "--xla_flags") -> st
     with_base = f" (with XLA_FLAGS={base!r})" if base else ""
     raise UserError(f"{what}={flags}{with_base}: {why}; drop it, or see "
                     "https://openxla.org/xla/flags_guidance for the flags XLA has")
+  _remember_taken(merged)
   return merged
 
 

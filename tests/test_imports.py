@@ -6,6 +6,8 @@ it is."""
 
 import ast
 import os
+import subprocess
+import sys
 
 from tests.conftest import ROOT
 
@@ -108,3 +110,18 @@ def test_each_check_finds_what_it_looks_for():
       "from mesh import spec\n", "harness", "h.py")) == ("mesh", "harness", "mesh")
   assert crossing(read_imports("import optimizations\n", "benchmarks", "b.py"))
   assert not inside(down) and inside(hidden) == ["h.py:2: imports mesh inside a function"]
+
+
+def test_the_configs_and_the_checker_import_no_jax():
+  """What a command line reads first (the registry, every benchmark's config and its
+  validation) and `./run.sh check` start without jax: its import is most of a bad command
+  line's second, and the checker needs none of it."""
+  code = ("import sys\n"
+          "from benchmarks.registry import BENCHMARKS\n"
+          "for entry in BENCHMARKS.values():\n"
+          "  entry.config()\n"
+          "import tools.check\n"
+          "print(sorted(m for m in ('jax', 'flax', 'optax') if m in sys.modules))\n")
+  p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                     timeout=120, check=False)
+  assert p.returncode == 0 and p.stdout.strip() == "[]", p.stdout + p.stderr

@@ -7,8 +7,7 @@ import pytest
 
 from benchmarks.ssd import boxes as B
 from benchmarks.ssd import detect
-from benchmarks.ssd.config import Config
-from benchmarks.ssd.model import feature_sizes
+from benchmarks.ssd.config import Config, feature_sizes
 from benchmarks.ssd.suite import anchors, to_coco
 
 

@@ -35,12 +35,33 @@ def test_every_gpu_preset_sets_the_gpu_flags():
 
 @pytest.mark.parametrize("name,preset,cfg", _presets_with_flags(),
                          ids=[f"{n}-{p}" for n, p, _ in _presets_with_flags()])
-def test_the_presets_flags_are_known_to_this_xla(name, preset, cfg):
+def test_the_presets_flags_are_known_to_this_xla(name, preset, cfg, tmp_path, monkeypatch):
   """A flag this jaxlib's XLA does not know would abort a GPU host's run at its first device;
-  here it would be a UserError (the probe is the child process XLA would abort)."""
+  here it would be a UserError (the probe is the child process XLA would abort; a cache of its
+  own, so the probe runs)."""
+  monkeypatch.setenv("MESHPERF_CACHE", str(tmp_path))
   merged = backend.check_xla_flags(cfg.xla_flags, "--xla_cpu_enable_fast_math=false")
   assert merged.split() == ["--xla_cpu_enable_fast_math=false"] + cfg.xla_flags.split()
   assert GPU_XLA_FLAGS in cfg.xla_flags
+
+
+def test_flags_this_xla_took_are_tried_once_and_refused_ones_every_time(tmp_path, monkeypatch):
+  """The child process that tries XLA flags runs once per machine and jaxlib for flags XLA took
+  (`backend.TAKEN_FLAGS`); flags it refused are tried again, and refused again."""
+  from runtime.errors import UserError
+  monkeypatch.setenv("MESHPERF_CACHE", str(tmp_path))
+  tried = []
+  real = subprocess.run
+  monkeypatch.setattr(backend.subprocess, "run", lambda *a, **k: tried.append(1) or real(*a, **k))
+  good, bad = "--xla_cpu_enable_fast_math=false", "--xla_cpu_no_such_knob=1"
+  assert backend.check_xla_flags(good) == good and len(tried) == 1
+  assert backend.check_xla_flags(good) == good and len(tried) == 1      # from the cache
+  assert backend.check_xla_flags(good, "--xla_dump_hlo_as_text") and len(tried) == 2  # others
+  for n in (3, 4):
+    with pytest.raises(UserError, match="does not know --xla_cpu_no_such_knob=1"):
+      backend.check_xla_flags(bad)
+    assert len(tried) == n
+  assert (tmp_path / backend.TAKEN_FLAGS).exists()
 
 
 def test_an_unknown_flag_or_a_late_one_is_refused_and_xla_flags_left_alone(monkeypatch):

@@ -3,9 +3,10 @@
 Dimension names: activations (batch, height, width, channels); conv kernels
 (None, None, in_channels, channels); batch-norm vectors (channels,). Batch norm takes its
 statistics over groups of `bn_span` examples (MLPerf's `model_bn_span`), across replicas when
-the group is wider than one replica's batch. `stem`, `Block` and `STAGES` build ResNet v1.5
-(He et al. 2016; the v1.5 stride on the 3x3 convolution) and the SSD backbone from the same
-modules, so one set of pretrained weights fits both.
+the group is wider than one replica's batch. `stem` and `Block`, stacked by the stages of
+`benchmarks.common.stages`, build ResNet v1.5 (He et al. 2016; the v1.5 stride on the 3x3
+convolution) and the SSD backbone from the same modules, so one set of pretrained weights fits
+both.
 """
 
 from __future__ import annotations
@@ -22,11 +23,6 @@ from mesh.sharding import manual_axes
 from runtime.errors import UserError
 
 ACT = ("batch", "height", "width", "channels")
-STAGES = {  # depth -> (blocks per stage, bottleneck)
-    10: ((1, 1, 1, 1), False), 14: ((1, 1, 1, 1), True), 18: ((2, 2, 2, 2), False),
-    26: ((2, 2, 2, 2), True), 34: ((3, 4, 6, 3), False), 50: ((3, 4, 6, 3), True),
-    101: ((3, 4, 23, 3), True), 152: ((3, 8, 36, 3), True),
-}
 
 
 class BatchNorm(nn.Module):

@@ -16,7 +16,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from benchmarks.config import check_writable
-from runtime import backend
+from runtime import host
 from runtime.errors import UserError
 
 PAD, EOS, UNK = 0, 1, 2
@@ -121,7 +121,7 @@ def cache_path(prefix: str, key: str, vocab_size: int) -> str:
   """A cached tokenizer's file: `$MESHPERF_CACHE` (or `~/.cache/meshperf`)/tokenizers/
   <prefix>-<hash of key>-<vocab_size>.model."""
   digest = hashlib.sha1(key.encode()).hexdigest()[:10]
-  return os.path.join(backend.cache_root(), "tokenizers", f"{prefix}-{digest}-{vocab_size}.model")
+  return os.path.join(host.cache_root(), "tokenizers", f"{prefix}-{digest}-{vocab_size}.model")
 
 
 def shared(path: str, texts: Callable[[], Iterable[str]], vocab_size: int, process_index: int,

@@ -19,7 +19,6 @@ import zipfile
 from collections.abc import Mapping
 from typing import Any
 
-import jax
 import numpy as np
 
 from runtime.errors import UserError
@@ -138,6 +137,13 @@ def _item_dir(path: str) -> str:
   return os.path.join(str(latest), "default")
 
 
+def _each_leaf(fn, tree):
+  """`tree` (nested mappings) with `fn` applied to each leaf."""
+  if isinstance(tree, Mapping):
+    return {k: _each_leaf(fn, v) for k, v in tree.items()}
+  return fn(tree)
+
+
 def _load_orbax(path: str) -> dict[str, Any]:
   """Only params and model_state of the saved train state, as numpy arrays on the host."""
   import orbax.checkpoint as ocp
@@ -157,7 +163,7 @@ def _load_orbax(path: str) -> dict[str, Any]:
     stats = tree["model_state"].get("batch_stats")
     _check_resnet({"params": tree["params"], "batch_stats": stats}, item_dir, _SOURCES)
     item = {"params": tree["params"], "model_state": {"batch_stats": stats}}
-    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), item)
+    restore_args = _each_leaf(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), item)
     try:
       out = handler.restore(epath.Path(item_dir), args=ocp.args.PyTreeRestore(
           item=item, restore_args=restore_args, partial_restore=True))

@@ -29,7 +29,7 @@ from benchmarks.data import (
   process_indices,
 )
 from benchmarks.llama import indexed
-from runtime import backend, scratch
+from runtime import host, scratch
 from runtime.errors import UserError
 
 NAMES = {"inputs": ("batch", "length"), "targets": ("batch", "length"), "mask": ("batch",)}
@@ -53,7 +53,7 @@ def grammar_dataset(cfg) -> str:
   """The grammar corpus (English sentence = its German translation, a document each) as the two
   indexed datasets C4 ships, in the cache; ids are words by first appearance, from 1. Written
   once per size, atomically."""
-  folder = os.path.join(backend.cache_root(), f"llama-grammar-{cfg.grammar_train_examples}-"
+  folder = os.path.join(host.cache_root(), f"llama-grammar-{cfg.grammar_train_examples}-"
                                               f"{cfg.grammar_eval_examples}")
 
   def fill(tmp):

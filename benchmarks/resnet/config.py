@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from benchmarks.common.stages import STAGES
 from benchmarks.config import (
   Common,
   fraction,
@@ -11,7 +12,6 @@ from benchmarks.config import (
   positive,
   require,
 )
-from benchmarks.resnet.model import STAGES
 from benchmarks.task import Spec
 from runtime.errors import UserError
 from stepmodel.accelerators import GPU_XLA_FLAGS, TPU_ASYNC_COLLECTIVES

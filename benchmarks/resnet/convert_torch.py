@@ -40,7 +40,7 @@ import numpy as np
 from flax import linen as nn
 
 from benchmarks.common import weights
-from benchmarks.common.convnet import STAGES
+from benchmarks.common.stages import STAGES
 from benchmarks.resnet.model import ResNet
 from runtime.errors import UserError
 

@@ -26,7 +26,7 @@ from benchmarks.data import (
   subset_note,
 )
 from benchmarks.resnet.config import IMAGENET_TRAIN_EXAMPLES
-from runtime import backend
+from runtime import host
 from runtime.errors import UserError
 
 NAMES = {"image": ("batch", "height", "width", None), "label": ("batch",),
@@ -43,7 +43,7 @@ def make(cfg, process_index: int = 0, process_count: int = 1) -> Data:
   local_eval = (cfg.eval_batch_size or cfg.global_batch_size) // process_count
   check_image_batches(cfg, process_count, 4)     # float32, as every loader hands them over
   if cfg.dataset == "digits":      # held whole, resized: the float images and a copy in making
-    backend.check_host_fits(2 * DIGITS * cfg.image_size ** 2 * 3 * 4,
+    host.check_host_fits(2 * DIGITS * cfg.image_size ** 2 * 3 * 4,
                             f"--dataset=digits at --image_size={cfg.image_size} (its "
                             f"{DIGITS:,} images are held resized)", "lower --image_size")
   if cfg.dataset == "digits":

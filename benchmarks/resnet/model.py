@@ -11,8 +11,9 @@ from typing import Any
 import jax.numpy as jnp
 from flax import linen as nn
 
-from benchmarks.common.convnet import STAGES, Block, blocks_flops, stem, stem_flops
+from benchmarks.common.convnet import Block, blocks_flops, stem, stem_flops
 from benchmarks.common.layers import named_init, param_dtype
+from benchmarks.common.stages import STAGES
 from mesh import constrain
 
 

@@ -6,8 +6,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from benchmarks.common.convnet import STAGES
 from benchmarks.common.layers import compute_dtype
+from benchmarks.common.stages import STAGES
 from benchmarks.resnet import data as data_lib
 from benchmarks.resnet.config import Config
 from benchmarks.resnet.model import ResNet

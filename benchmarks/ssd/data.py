@@ -26,7 +26,7 @@ from PIL import Image
 from benchmarks.data import Data, described, num_steps, padded, process_indices, subset_note
 from benchmarks.ssd import boxes as box_lib
 from benchmarks.ssd import shapes
-from runtime import backend
+from runtime import host
 from runtime.errors import UserError
 
 NAMES = {"image": ("batch", "height", "width", None), "boxes": ("batch", None, None),
@@ -320,7 +320,7 @@ def make(cfg, anchors_xywh: np.ndarray, process_index: int = 0, process_count: i
   """(Data, the validation split (its COCO json is the ground truth), COCO category ids by
   label - 1)."""
   if cfg.dataset == "shapes":
-    root = cfg.data_dir or os.path.join(backend.cache_root(),
+    root = cfg.data_dir or os.path.join(host.cache_root(),
                                         f"ssd-shapes-{cfg.shapes_train}-{cfg.shapes_eval}")
     shapes.ensure(root, cfg.shapes_train, cfg.shapes_eval)
   else:

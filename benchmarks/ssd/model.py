@@ -20,7 +20,6 @@ from flax import linen as nn
 
 from benchmarks.common.convnet import (
   ACT,
-  STAGES,
   BatchNorm,
   Block,
   blocks_flops,
@@ -30,6 +29,7 @@ from benchmarks.common.convnet import (
   stem_flops,
 )
 from benchmarks.common.layers import layer_output, named_init, param_dtype
+from benchmarks.common.stages import STAGES
 from mesh import constrain
 
 # ImageNet statistics (RGB, 0..255) the pretrained backbones expect.
@@ -127,17 +127,3 @@ class SSD(nn.Module):
     for (s, c), nd in zip(maps, self.boxes_per_cell):
       total += conv_flops(s, c, nd * 4, 3)[0] + conv_flops(s, c, nd * self.num_classes, 3)[0]
     return total
-
-
-def feature_sizes(image_size: int, extra_blocks) -> tuple[int, ...]:
-  """Sizes of the square feature maps for this input size (38, 19, 10, 5, 3, 1 for 300)."""
-  s = (image_size + 6 - 7) // 2 + 1          # stem 7x7/2, padding 3
-  s = (s + 2 - 3) // 2 + 1                   # max pool 3x3/2, padding 1
-  s = (s + 2 - 3) // 2 + 1                   # conv3_1, stride 2
-  sizes = [s]
-  for stride in extra_blocks:
-    s = (s + 2 - 3) // 2 + 1 if stride else s - 2
-    if s < 1:
-      raise ValueError(f"image size {image_size} is too small for extra blocks {extra_blocks}")
-    sizes.append(s)
-  return tuple(sizes)

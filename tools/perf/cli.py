@@ -35,8 +35,8 @@ from typing import Any
 
 import jax
 
+from benchmarks.common.stages import STAGES
 from benchmarks.registry import BENCHMARKS
-from benchmarks.resnet.model import STAGES
 from runtime import backend
 from tools.perf import compile_time, handwritten, report
 
