@@ -82,7 +82,12 @@ case "$verb" in
     echo "run.sh: ruff check (the linter, pyproject.toml [tool.ruff])" >&2
     "$VENV/bin/ruff" check --quiet . || { echo "error: ruff check failed (above); fix the code" \
       "or run .venv/bin/ruff check --fix ." >&2; exit 1; }
-    exec "$VENV/bin/python" -m pytest -q -n 3 --dist=loadfile --no-loadscope-reorder \
+    # The project's bytecode, written once: the suite starts hundreds of Python processes, which
+    # would each compile it again where PYTHONDONTWRITEBYTECODE is set.
+    "$VENV/bin/python" -m compileall -q benchmarks harness logs mesh optimizations runtime \
+      stepmodel tools tests >/dev/null
+    exec "$VENV/bin/python" -m pytest -q -n "${MESHPERF_TEST_WORKERS:-2}" --dist=loadfile \
+      --no-loadscope-reorder \
       ${tier[@]+"${tier[@]}"} ${rest[@]+"${rest[@]}"} ;;
   check)
     shift; bootstrap

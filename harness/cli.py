@@ -56,8 +56,8 @@ def _check_processes(o: RunOptions) -> None:
       raise UserError("--coordinator_address=auto: the TPU pod numbers its processes itself; "
                       "drop --num_processes and --process_id")
     return
-  host, sep, port = address.rpartition(":")
-  if not (sep and host and port.isdigit() and 0 < int(port) < 65536):
+  name, sep, port = address.rpartition(":")
+  if not (sep and name and port.isdigit() and 0 < int(port) < 65536):
     raise UserError(f"{where}={address}: write HOST:PORT of process 0, e.g. 10.0.0.2:1234 (or "
                     f"auto on a TPU pod)")
   if n is None or i is None:
@@ -162,7 +162,7 @@ def setup(argv: list[str], verb: str = "<benchmark>", tool: type | None = None,
   fv = flags_lib.fresh()
   run_flags = flags_lib.define_options(RunOptions, fv)
   if tool is not None:
-    run_flags += [n for n in flags_lib.define_options(tool, fv) if n not in run_flags]
+    run_flags += flags_lib.define_options(tool, fv)
   types = flags_lib.define_config_flags(mod.Config, preset, fv)
   rest = [argv[0]] + argv[2:]
   if any(a in HELP for a in rest):

@@ -7,14 +7,15 @@ JSON in `<cache_dir>/<key>.json.gz`, where key = sha256 of the benchmark, the fu
 topology, whether eval was compiled, and the versions of jax, jaxlib and libtpu. Beside it the
 entry records the sha256 of the code (its syntax tree, without comments and docstrings:
 `code_of`) of every project source file a program is compiled from that was loaded when it
-compiled (`compiled_from`: the sharding core `mesh/`, `optimizations/`, the
-suites under `benchmarks/` and the step builder, `harness/build.py` and `harness/step.py`), and
-of pyproject.toml; the entry is used only while all of them are unchanged. The rest is left out
-by room: the step model that *reads* the facts (`stepmodel/`), the tools (`tools/`), the rest of
-the harness and the process plumbing (`runtime/`), and the declarations a config's values stand
-for (configs, specs, the registry: the config is part of the key; so are the compiler's flags
-`runtime/tpu_flags.py` adds). Changing the step-time model re-reads cached programs instead of
-compiling them again.
+compiled (`compiled_from`: the sharding core `mesh/`, `optimizations/`, the suites under
+`benchmarks/`, the step builder `harness/build.py` and `harness/step.py`, and the slice's
+devices, `stepmodel/topology.py`), and of pyproject.toml; the entry is used only while all of
+them are unchanged. The rest is left out by room: the step model that *reads* the facts (the rest
+of `stepmodel/`, its fitted constants in `accelerators.py` included), the tools (`tools/`), the
+rest of the harness and the process plumbing (`runtime/`), and the declarations a config's
+values stand for (configs, specs, the registry: the config is part of the key; so are the
+compiler's flags `runtime/tpu_flags.py` adds). Changing the step-time model re-reads cached
+programs instead of compiling them again.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from runtime import tpu_flags
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # What a program is compiled from, and the declarations among it (`compiled_from`).
 COMPILED_FROM = ("mesh/*", "optimizations/*", "benchmarks/*", "harness/build.py",
-                 "harness/step.py")
+                 "harness/step.py", "stepmodel/topology.py")
 DECLARATIONS = ("benchmarks/task.py", "benchmarks/config.py", "benchmarks/registry.py",
                 "benchmarks/*/config.py")
 

@@ -6,8 +6,7 @@ compile-only), a tool's own (its options dataclass, the same way) and one flag p
 chosen benchmark's Config (`define_config_flags`), whose default is the value in the chosen
 `--config` preset.
 Nothing is defined on absl's global `flags.FLAGS`: every parse starts from a fresh set
-(`fresh`), so one process can parse many command lines (the bad-input tests do). This module
-does not import jax.
+(`fresh`), so one process can parse many command lines (the bad-input tests do).
 """
 
 from __future__ import annotations

@@ -4,8 +4,7 @@ Every field of `RunOptions` marked with `flag(...)` is a command-line flag of th
 (`harness.flags.define_options`), with that default and help text; `from_flags` reads the
 parsed values back into the dataclass once, so no caller copies flags by hand. A tool declares
 its own flags the same way (a frozen dataclass of `flag` fields, `harness.cli.setup(tool=...)`).
-Fields without `flag` (`prefetch`, `quiet`) are set by callers, not by users. This module does
-not import jax.
+Fields without `flag` (`prefetch`, `quiet`) are set by callers, not by users.
 """
 
 from __future__ import annotations
@@ -112,4 +111,4 @@ class RunOptions:
                             "code are unchanged ('' for none).")
   # Set by callers, not flags.
   prefetch: int = 2              # batches prepared and placed on the devices ahead of the step
-  quiet: bool = False            # no progress lines (tests, a sweep's runs)
+  quiet: bool = False            # no progress lines (tests)

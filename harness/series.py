@@ -26,11 +26,6 @@ def run_seed(base_seed: int, run_index: int) -> int:
   return base_seed + run_index
 
 
-def seeded(cfg, run_index: int):
-  """`cfg` with the seed of run `run_index` of its series."""
-  return dataclasses.replace(cfg, seed=run_seed(cfg.seed, run_index))
-
-
 @contextlib.contextmanager
 def compiled_once():
   """Runs 2..N of a series compile the same train and eval steps as run 1 (the seed is an input
@@ -52,7 +47,7 @@ def compiled_once():
 
 def run_series(run: Run) -> int:
   """--num_runs=N: run_index K..K+N-1 (K = --run_index) one after another into --output_dir, run
-  i with seed --seed + i (`seeded`); every index's outputs are checked before the first
+  i with seed --seed + i (`run_seed`); every index's outputs are checked before the first
   starts. A run that ends other than success or epoch_limit stops the series with its status;
   else 0 if every run reached the target, 1 if not. Prints a line per run and, at the end, the
   times to train and their olympic mean (logs.results: MLPerf's score)."""

@@ -85,8 +85,9 @@ def device_peak() -> accelerators.Peak:
   """The peak of one of this process's devices (`stepmodel.accelerators.device_peak`)."""
   d = jax.local_devices()[0]
   cpu = d.platform == "cpu"
-  return accelerators.device_peak(d.platform, d.device_kind, len(jax.local_devices()) if cpu else 1,
-                              cpu_flops() if cpu else None)
+  return accelerators.device_peak(d.platform, d.device_kind,
+                                  len(jax.local_devices()) if cpu else 1,
+                                  cpu_flops() if cpu else None)
 
 
 @dataclasses.dataclass(frozen=True)

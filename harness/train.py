@@ -9,7 +9,7 @@ Writes the MLPerf log, orbax checkpoints and `summary.json` with every figure of
 with --profile_steps, a jax.profiler trace.
 
 What tools reuse of the loop is public: `train_block` (a block of steps as a run trains them,
-with the `Steps` that watch them), `Progress` and `evaluate`; `tools.perf.harness` times
+with the `Steps` that watch them), `Progress` and `evaluate`; `tools.perf.loop` times
 them against the bare compiled step.
 """
 
@@ -247,6 +247,8 @@ def run(run: Run) -> dict[str, Any]:
   summary.json): its "ending" says how the run ended and "exit_status" the status for it."""
   wall_start = time.time()
   opts, writer = run.options, run.process_index == 0
+  if opts.output_dir is None:     # the command line fills it in (`harness.main`); a caller must
+    raise ValueError("train.run: the run's options name no output_dir")
   log = MLPerfLog(writer)     # held in memory until the setup succeeded: no stub, no empty folder
   seq = Sequence(log)
   say = (lambda *a: print(*a, flush=True)) if writer and not opts.quiet else (lambda *a: None)

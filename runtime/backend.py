@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from importlib import metadata
 
 import jax
@@ -108,32 +109,43 @@ _TRIED: set[str] = set()
 TAKEN_FLAGS = "xla-flags-taken.json"
 
 
-def _taken(merged: str) -> bool:
+def _taken_by_this_jaxlib() -> tuple[str, list[str]]:
+  """(this jaxlib's version, the flag sets it took here); a cache file that cannot be read or is
+  not what this module writes counts as empty."""
+  try:
+    version = metadata.version("jaxlib")
+  except metadata.PackageNotFoundError:
+    return "", []
   try:
     with open(os.path.join(host.cache_root(), TAKEN_FLAGS)) as f:
-      return merged in json.load(f).get(metadata.version("jaxlib"), [])
-  except (OSError, ValueError, AttributeError, metadata.PackageNotFoundError):
-    return False
+      known = json.load(f)
+  except (OSError, ValueError):
+    return version, []
+  if not (isinstance(known, dict) and known.get("jaxlib") == version
+          and isinstance(known.get("taken"), list)):
+    return version, []
+  return version, [t for t in known["taken"] if isinstance(t, str)]
+
+
+def _taken(merged: str) -> bool:
+  return merged in _taken_by_this_jaxlib()[1]
 
 
 def _remember_taken(merged: str) -> None:
-  """Adds `merged` to the flags this jaxlib took (written whole, then renamed: a reader never
-  sees half a file); a cache that cannot be written is left as it is."""
-  path = os.path.join(host.cache_root(), TAKEN_FLAGS)
+  """Adds `merged` to the flag sets this jaxlib took (another jaxlib's are dropped; the file is
+  written whole, then renamed: a reader never sees half of it); a cache that cannot be written
+  is left as it is."""
+  version, taken = _taken_by_this_jaxlib()
+  if not version:
+    return
+  folder = host.cache_root()
   try:
-    with open(path) as f:
-      known = json.load(f)
-  except (OSError, ValueError):
-    known = {}
-  try:
-    version = metadata.version("jaxlib")
-    known[version] = sorted(set(known.get(version, [])) | {merged})
-    os.makedirs(host.cache_root(), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-      json.dump(known, f)
-    os.replace(tmp, path)
-  except (OSError, metadata.PackageNotFoundError):
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{TAKEN_FLAGS}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+      json.dump({"jaxlib": version, "taken": sorted(set(taken) | {merged})}, f)
+    os.replace(tmp, os.path.join(folder, TAKEN_FLAGS))
+  except OSError:
     pass
 
 

@@ -165,7 +165,7 @@ def inputs(tmp_path_factory, coco, imagenet_dir):
   (root / "logs" / "edited.txt").write_text("\n".join([lines[0], lines[1][:40], lines[2]]) + "\n")
   (root / "logs" / "bert.txt").write_text(_mllog("submission_benchmark", "bert") + "\n")
   (root / "logs" / "empty").mkdir()
-  # The folder of a sweep of other settings (benchmarks/sweep.py: its state's first line).
+  # The folder of a sweep of other settings (tools/sweep/state.py: its state's first line).
   (root / "sweep").mkdir()
   (root / "sweep" / "sweep.jsonl").write_text(json.dumps({"sweep": {
       "benchmark": "resnet", "depth": "throughput", "steps": 7, "rounds": 3}}) + "\n")

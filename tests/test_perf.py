@@ -183,7 +183,7 @@ def test_thread_cpu_counts_python_threads_as_the_host_and_xla_threads_apart():
   import threading
   import time
 
-  from tools.perf import harness as perf_loop
+  from tools.perf import loop as perf_loop
   if perf_loop._thread_cpu() is None:
     pytest.skip("no /proc/self/task here: the report leaves the thread split out")
   x = jax.device_put(jnp.ones((8 * 256, 512)), jax.sharding.NamedSharding(

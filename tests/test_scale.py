@@ -171,7 +171,7 @@ def f(y):
 
 
 def test_loaded_code_is_the_compile_path_not_the_point_tables():
-  for module in ("harness.step", "harness.train"):    # loaded, as in a compile-only run
+  for module in ("harness.step", "harness.train", "stepmodel.topology"):   # as in a pod compile
     importlib.import_module(module)
   loaded = compile_cache.loaded_code()
   assert "pyproject.toml" in loaded and "mesh/spec.py" in loaded
@@ -180,8 +180,10 @@ def test_loaded_code_is_the_compile_path_not_the_point_tables():
   assert "stepmodel/steptime.py" not in loaded and "stepmodel/cost.py" not in loaded
   assert "benchmarks/task.py" not in loaded and "benchmarks/resnet/config.py" not in loaded
   assert "harness/step.py" in loaded and "harness/train.py" not in loaded
+  # The slice's devices are what a pod program is compiled for; the fitted constants are not.
+  assert "stepmodel/topology.py" in loaded and "stepmodel/accelerators.py" not in loaded
   assert all(rel.split("/")[0] in ("mesh", "optimizations", "benchmarks")
-             or rel in ("harness/build.py", "harness/step.py")
+             or rel in ("harness/build.py", "harness/step.py", "stepmodel/topology.py")
              for rel in loaded if rel != "pyproject.toml")
 
 

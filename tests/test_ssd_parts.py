@@ -7,7 +7,8 @@ import pytest
 
 from benchmarks.ssd import boxes as B
 from benchmarks.ssd import detect
-from benchmarks.ssd.config import Config, feature_sizes
+from benchmarks.ssd.config import Config
+from benchmarks.ssd.feature_maps import feature_sizes
 from benchmarks.ssd.suite import anchors, to_coco
 
 

@@ -5,7 +5,7 @@ What the loop relies on: a fetch waits only for steps older than the newest `lag
 keeps computing while the host handles a window), a drain takes everything (a block's end, a
 signal), a NaN is named at its own step whichever fetch finds it, and the fetches' step times add
 up to the wall time between them. The device side is checked by `./run.sh perf` (steps dispatched
-onto an idle device, `tools/perf/harness.py`).
+onto an idle device, `tools/perf/loop.py`).
 """
 
 import math

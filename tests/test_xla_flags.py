@@ -62,6 +62,9 @@ def test_flags_this_xla_took_are_tried_once_and_refused_ones_every_time(tmp_path
       backend.check_xla_flags(bad)
     assert len(tried) == n
   assert (tmp_path / backend.TAKEN_FLAGS).exists()
+  (tmp_path / backend.TAKEN_FLAGS).write_text('["not", "this cache"]')    # damaged: tried again
+  assert backend.check_xla_flags(good) == good and len(tried) == 5
+  assert backend.check_xla_flags(good) == good and len(tried) == 5
 
 
 def test_an_unknown_flag_or_a_late_one_is_refused_and_xla_flags_left_alone(monkeypatch):

@@ -7,6 +7,7 @@ import dataclasses
 from benchmarks.common import weights
 from benchmarks.common.stages import STAGES
 from benchmarks.config import Common, fraction, non_negative, positive, require
+from benchmarks.ssd.feature_maps import feature_sizes
 from benchmarks.task import Spec
 from runtime.errors import UserError
 from stepmodel.accelerators import GPU_XLA_FLAGS
@@ -197,17 +198,3 @@ def _check_backbone_checkpoint(c: Config) -> None:
   if missing:
     raise UserError(f"--backbone_checkpoint={c.backbone_checkpoint} lacks params {missing}: is "
                     f"it a ResNet-{c.backbone_depth}?")
-
-
-def feature_sizes(image_size: int, extra_blocks) -> tuple[int, ...]:
-  """Sizes of the square feature maps for this input size (38, 19, 10, 5, 3, 1 for 300)."""
-  s = (image_size + 6 - 7) // 2 + 1          # stem 7x7/2, padding 3
-  s = (s + 2 - 3) // 2 + 1                   # max pool 3x3/2, padding 1
-  s = (s + 2 - 3) // 2 + 1                   # conv3_1, stride 2
-  sizes = [s]
-  for stride in extra_blocks:
-    s = (s + 2 - 3) // 2 + 1 if stride else s - 2
-    if s < 1:
-      raise ValueError(f"image size {image_size} is too small for extra blocks {extra_blocks}")
-    sizes.append(s)
-  return tuple(sizes)

@@ -14,7 +14,8 @@ from benchmarks.data import check_image_batches
 from benchmarks.ssd import boxes as box_lib
 from benchmarks.ssd import coco_eval, detect
 from benchmarks.ssd import data as data_lib
-from benchmarks.ssd.config import Config, feature_sizes
+from benchmarks.ssd.config import Config
+from benchmarks.ssd.feature_maps import feature_sizes
 from benchmarks.ssd.model import SSD
 from benchmarks.task import TRAIN_FLOPS, LossAux, Task
 from logs.mlperf import C

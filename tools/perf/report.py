@@ -4,10 +4,10 @@ perf.md's tables and the count of goals met.
 The comparisons, by name (`ORDER`):
   vs_handwritten   meshperf's ResNet step / a hand-written one (`tools.perf.handwritten`)
   loop_overhead    a step through the training loop / the bare compiled step
-                   (`tools.perf.harness`)
+                   (`tools.perf.loop`)
   input_headroom   each input pipeline's examples/s / its training step's
                    (`tools.perf.pipelines`)
-  device_scaling   N devices / 1 device at the same global batch (`tools.perf.harness`,
+  device_scaling   N devices / 1 device at the same global batch (`tools.perf.loop`,
                    and ResNet-50 of `vs_handwritten`)
   eval_seconds     seconds per evaluation, split into device, host and data
                    (`tools.perf.evaluation`)
@@ -32,7 +32,7 @@ WHAT = {"loop_overhead": "step through the loop / bare compiled step",
 # The parts `--parts` names, each a module with measure, rows and markdown, and its comparisons.
 PARTS = (("loop", ("loop_overhead", "device_scaling")), ("input", ("input_headroom",)),
          ("eval", ("eval_seconds",)))
-_MODULES = {"loop": "tools.perf.harness", "input": "tools.perf.pipelines",
+_MODULES = {"loop": "tools.perf.loop", "input": "tools.perf.pipelines",
             "eval": "tools.perf.evaluation"}
 # device_scaling of ResNet-50 at 64 px, batch 64: 8 simulated devices / 1, as measured with
 # `./run.sh perf` on 2026-12-01 (docs/performance.md).

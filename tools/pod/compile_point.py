@@ -22,7 +22,7 @@ import subprocess
 import sys
 from typing import Any, Callable
 
-from harness import compile_only
+from harness import cli, compile_only
 from harness import run as runs
 from runtime import scratch, tpu_flags
 from runtime.errors import EXIT_BAD_INPUT, RunEnded, UserError
@@ -81,5 +81,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-  from harness.cli import run_main
-  run_main(main)
+  cli.run_main(main)

@@ -168,6 +168,7 @@ def run(run: Run, say=print) -> dict[str, Any]:
                     f"installed checker defines in {', '.join(spec.rulesets)}")
   division = o.division if "division" in run.given else spec.division
   run = run.with_options(division=division)
+  o = run.options
   stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
   out = o.output_dir or os.path.join("runs", name, f"dryrun-{o.config}-{stamp}")
   devs = run.devices

@@ -53,7 +53,7 @@ from typing import Any, Callable
 from absl import flags
 
 from benchmarks import config as config_lib
-from harness import compile_only, options
+from harness import cli, compile_only, options
 from harness import flags as flags_lib
 from harness import run as runs
 from harness.options import flag
@@ -455,5 +455,4 @@ def main(argv: list[str]) -> int:
   return 0
 
 if __name__ == "__main__":
-  from harness.cli import run_main
-  run_main(main)
+  cli.run_main(main)

@@ -28,6 +28,7 @@ import sys
 
 from benchmarks import config as config_lib
 from benchmarks.data import check_split
+from harness import cli
 from runtime.errors import UserError
 from tools.prepare import shards
 
@@ -148,5 +149,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-  from harness.cli import run_main
-  run_main(main)
+  cli.run_main(main)

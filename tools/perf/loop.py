@@ -86,7 +86,7 @@ class _Runner:
 
   def __init__(self, name: str, devs, steps: int, log_dir: str, say, preset: str = "cpu"):
 
-    self.jax, self.steps = jax, steps
+    self.steps = steps
     t0 = time.perf_counter()
     self.entry = BENCHMARKS[name]
     self.cfg, built = setup(name, devs=devs, preset=preset)
@@ -169,7 +169,7 @@ class _Runner:
     for _ in range(self.steps):
       _, batch = next(self.cached)
       state, m = self.watched.train(state, batch)
-    self.jax.block_until_ready((state, m))
+    jax.block_until_ready((state, m))
     self.state = state
     self.step_no += self.steps
     self.cached.wait_filled()
@@ -179,7 +179,7 @@ class _Runner:
     m = None
     for _ in range(self.steps):
       state, m = program.train(state, batch)
-    self.jax.block_until_ready((state, m))
+    jax.block_until_ready((state, m))
     return state
 
   def bare(self) -> None:
