@@ -24,7 +24,7 @@ from benchmarks.lm.data import write_lm1b
 from benchmarks.registry import BENCHMARKS
 from benchmarks.transformer.data import write_wmt14
 from runtime.errors import UserError
-from tests import helpers
+from tests import downloads, helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VERBS = {"main": [sys.executable, "-m", "harness.main"],
@@ -77,6 +77,71 @@ def _unwritable(base):
   return str(base)
 
 
+def _downloads(root, coco_root):
+  """Official downloads (`tests/downloads.py`), each folder with one defect: {name: folder}."""
+  import pathlib
+  import tarfile
+  import zipfile
+  rng = np.random.default_rng(0)
+  d = {}
+
+  def imagenet(name):
+    folder = root / name
+    folder.mkdir()
+    downloads.imagenet_tars(folder, rng, val_images=3)
+    d[name] = str(folder)
+    return folder / "ILSVRC2012_img_train.tar", folder / "ILSVRC2012_img_val.tar"
+
+  train, _ = imagenet("imagenet_cut_header")
+  with tarfile.open(train) as t:
+    second = t.getmembers()[1]
+  train.write_bytes(train.read_bytes()[:second.offset + 100])     # inside its second header
+  _, val = imagenet("imagenet_val_twice")
+  with tarfile.open(val, "a") as t:
+    downloads.add(t, "ILSVRC2012_val_00000002.JPEG", downloads.image(rng))
+  train, _ = imagenet("imagenet_synset_twice")
+  with tarfile.open(train) as t:
+    again = t.extractfile("n01443537.tar").read()
+  with tarfile.open(train, "a") as t:
+    downloads.add(t, "n01443537.tar", again)
+  _, val = imagenet("imagenet_link")
+  with tarfile.open(val, "a") as t:
+    link = tarfile.TarInfo("ILSVRC2012_val_00000004.JPEG")
+    link.type, link.linkname = tarfile.SYMTYPE, "ILSVRC2012_val_00000001.JPEG"
+    t.addfile(link)
+  _, val = imagenet("imagenet_empty_val")
+  with tarfile.open(val, "w"):
+    pass
+  for name in ("coco_climb", "coco_elsewhere", "coco_list", "coco_no_file_name"):
+    (root / name).mkdir()
+    downloads.coco_zips(root / name, pathlib.Path(coco_root))
+    d[name] = str(root / name)
+  with zipfile.ZipFile(root / "coco_climb" / "train2017.zip", "a") as z:
+    z.writestr("train2017/../../../../coco-evil.jpg", downloads.image(rng))
+  with zipfile.ZipFile(root / "coco_elsewhere" / "train2017.zip", "w") as z:
+    for f in sorted(os.listdir(os.path.join(coco_root, "train2017"))):
+      z.write(os.path.join(coco_root, "train2017", f), f"images/{f}")
+  for name, edit in (("coco_list", lambda a: a["images"]),
+                     ("coco_no_file_name", lambda a: {**a, "images": [
+                         {k: v for k, v in im.items() if k != "file_name"} if i == 1 else im
+                         for i, im in enumerate(a["images"])]})):
+    path = root / name / "annotations_trainval2017.zip"
+    with zipfile.ZipFile(path) as z:
+      files = {n: z.read(n) for n in z.namelist()}
+    key = "annotations/instances_train2017.json"
+    files[key] = json.dumps(edit(json.loads(files[key]))).encode()
+    with zipfile.ZipFile(path, "w") as z:
+      for n, data in files.items():
+        z.writestr(n, data)
+  top = "1-billion-word-language-modeling-benchmark-r13output"
+  (root / "lm1b_empty_heldout").mkdir()
+  downloads.tgz(root / "lm1b_empty_heldout" / f"{top}.tar.gz", {
+      f"{top}/training-monolingual.tokenized.shuffled/news.en-00001-of-00100": b"A cat .\n",
+      f"{top}/heldout-monolingual.tokenized.shuffled/news.en.heldout-00000-of-00050": b""})
+  d["lm1b_empty_heldout"] = str(root / "lm1b_empty_heldout")
+  return d
+
+
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory, coco, imagenet_dir):
   """Damaged inputs by name (the cases' {placeholders}), built once for the module."""
@@ -121,6 +186,7 @@ def inputs(tmp_path_factory, coco, imagenet_dir):
   (root / "coco_missing_train" / "train2017" / gone["file_name"]).unlink()
   d["train_jpeg"] = gone["file_name"]
   d["imagenet"] = str(imagenet_dir)
+  d.update(_downloads(root, coco_root))
   # Files that are not what a flag wants.
   (root / "notes.txt").write_text("a text file, not a sentencepiece model or a log\n")
   d["text_file"] = str(root / "notes.txt")
@@ -286,6 +352,31 @@ CASES = [
      "--val_labels is imagenet's"),
     ("prepare", ["lm1b", "--from={root}", "--data_dir={unwritable}/x"],
      "--data_dir={unwritable}/x: cannot write in"),
+    # An archive that is not the download it claims to be, even under --subset (issue:
+    # reliability, third round): refused before anything a run would read is written.
+    ("prepare", ["imagenet", "--from={imagenet_cut_header}", "--data_dir={out}", "--subset"],
+     "{imagenet_cut_header}/ILSVRC2012_img_train.tar is cut off or damaged: its listing stops "
+     "at byte"),
+    ("prepare", ["imagenet", "--from={imagenet_val_twice}", "--data_dir={out}", "--subset"],
+     "ILSVRC2012_img_val.tar: member ILSVRC2012_val_00000002.JPEG is there twice"),
+    ("prepare", ["imagenet", "--from={imagenet_synset_twice}", "--data_dir={out}", "--subset"],
+     "ILSVRC2012_img_train.tar: member n01443537.tar is there twice"),
+    ("prepare", ["imagenet", "--from={imagenet_link}", "--data_dir={out}", "--subset"],
+     "member ILSVRC2012_val_00000004.JPEG is a link to ILSVRC2012_val_00000001.JPEG"),
+    ("prepare", ["imagenet", "--from={imagenet_empty_val}", "--data_dir={out}", "--subset"],
+     "{imagenet_empty_val}/ILSVRC2012_img_val.tar holds no images"),
+    ("prepare", ["coco", "--from={coco_climb}", "--data_dir={out}", "--subset"],
+     "{coco_climb}/train2017.zip: member train2017/../../../../coco-evil.jpg leaves the zip's"),
+    ("prepare", ["coco", "--from={coco_elsewhere}", "--data_dir={out}", "--subset"],
+     "{coco_elsewhere}/train2017.zip holds no images train2017/<name>.jpg (its first file is "
+     "images/"),
+    ("prepare", ["coco", "--from={coco_list}", "--data_dir={out}", "--subset"],
+     "annotations/instances_train2017.json in {coco_list}/annotations_trainval2017.zip is not "
+     "COCO's instances file"),
+    ("prepare", ["coco", "--from={coco_no_file_name}", "--data_dir={out}", "--subset"],
+     "instances_train2017.json in {coco_no_file_name}/annotations_trainval2017.zip: image 1"),
+    ("prepare", ["lm1b", "--from={lm1b_empty_heldout}", "--data_dir={out}", "--subset"],
+     "its 1 heldout files are empty: not the official archive"),
     ("throughput", ["resnet", "--config=tiny"],
      "--dataset=digits is read, not described: the throughput check runs a hardware preset"),
     ("throughput", ["resnet", "--config=gpu-8xh100", "--steps=0"], "--steps=0: timed steps"),

@@ -10,7 +10,6 @@ import io
 import json
 import os
 import tarfile
-import zipfile
 
 import numpy as np
 import pytest
@@ -18,10 +17,8 @@ from PIL import Image
 
 from harness import run as runs
 from runtime.errors import UserError
-from tests import helpers
+from tests import downloads, helpers
 from tools.prepare import cli
-
-SYNSETS = ("n01440764", "n01443537", "n15075141")     # labels 0, 1, 999 (sorted synsets)
 
 
 def _prepare(capfd, *args):
@@ -34,44 +31,6 @@ def _error(err):
   assert len(lines) == 1, err[-3000:]
   assert "Traceback" not in err
   return lines[0]
-
-
-def _image(rng, fmt="JPEG", mode="RGB"):
-  im = Image.fromarray(rng.integers(0, 256, (18, 22, 3), dtype=np.uint8))
-  if mode != "RGB":
-    im = im.convert(mode)
-  b = io.BytesIO()
-  im.save(b, format=fmt)
-  return b.getvalue()
-
-
-def _add(t: tarfile.TarFile, name: str, data: bytes) -> None:
-  info = tarfile.TarInfo(name)
-  info.size = len(data)
-  t.addfile(info, io.BytesIO(data))
-
-
-def _imagenet_tars(src, rng, val_images=6):
-  """ILSVRC2012_img_train.tar (3 synset tars of 4 images: one CMYK JPEG, one PNG named .JPEG)
-  and ILSVRC2012_img_val.tar; returns {file name: bytes} of every image."""
-  images = {}
-  with tarfile.open(os.path.join(src, "ILSVRC2012_img_train.tar"), "w") as outer:
-    for s in SYNSETS:
-      b = io.BytesIO()
-      with tarfile.open(fileobj=b, mode="w") as inner:
-        for i in range(4):
-          kind = {("n01443537", 1): ("JPEG", "CMYK"), ("n15075141", 2): ("PNG", "RGB"),
-                  ("n15075141", 3): ("JPEG", "L")}.get((s, i), ("JPEG", "RGB"))
-          name = f"{s}_{i}.JPEG"
-          images[name] = _image(rng, *kind)
-          _add(inner, name, images[name])
-      _add(outer, f"{s}.tar", b.getvalue())
-  with tarfile.open(os.path.join(src, "ILSVRC2012_img_val.tar"), "w") as t:
-    for i in range(1, val_images + 1):
-      name = f"ILSVRC2012_val_{i:08d}.JPEG"
-      images[name] = _image(rng)
-      _add(t, name, images[name])
-  return images
 
 
 def _tfds(data_dir, name, split, decode_images=False):
@@ -87,7 +46,7 @@ def _tfds(data_dir, name, split, decode_images=False):
 def test_imagenet_from_the_official_tars(tmp_path, capfd):
   src, out = tmp_path / "downloads", tmp_path / "tfds"
   src.mkdir()
-  images = _imagenet_tars(src, np.random.default_rng(0))
+  images = downloads.imagenet_tars(src, np.random.default_rng(0))
   code, _, err = _prepare(capfd, "imagenet", f"--from={src}", f"--data_dir={out}",
                           "--workers=2")
   assert code == 2
@@ -104,7 +63,7 @@ def test_imagenet_from_the_official_tars(tmp_path, capfd):
   train = _tfds(out, "imagenet2012", "train")
   assert sorted((r["file_name"].decode(), int(r["label"])) for r in train) == sorted(
       (f"{s}_{i}.JPEG", {"n01440764": 0, "n01443537": 1, "n15075141": 999}[s])
-      for s in SYNSETS for i in range(4))
+      for s in downloads.SYNSETS for i in range(4))
   for r in train:
     name, data = r["file_name"].decode(), r["image"]
     if name in ("n01443537_1.JPEG", "n15075141_2.JPEG"):      # CMYK, PNG: now RGB JPEGs
@@ -129,7 +88,7 @@ def test_a_run_on_a_prepared_subset_says_so(tmp_path, capfd):
   from harness import train
   src, out = tmp_path / "downloads", tmp_path / "tfds"
   src.mkdir()
-  _imagenet_tars(src, np.random.default_rng(1), val_images=4)
+  downloads.imagenet_tars(src, np.random.default_rng(1), val_images=4)
   assert _prepare(capfd, "imagenet", f"--from={src}", f"--data_dir={out}", "--workers=1",
                   "--subset")[0] == 0
   cfg = helpers.tiny_resnet(dataset="imagenet", data_dir=str(out), image_size=32,
@@ -151,7 +110,7 @@ def test_imagenet_val_labels_from_kaggles_csv_and_a_damaged_archive_continues(tm
   anything is written."""
   src, out = tmp_path / "downloads", tmp_path / "tfds"
   src.mkdir()
-  _imagenet_tars(src, np.random.default_rng(2), val_images=3)
+  downloads.imagenet_tars(src, np.random.default_rng(2), val_images=3)
   csv = src / "LOC_val_solution.csv"
   csv.write_text("ImageId,PredictionString\nILSVRC2012_val_00000003,n15075141 1 2 3 4 \n"
                  "ILSVRC2012_val_00000001,n01443537 1 2 3 4 n01443537 5 6 7 8\n"
@@ -180,9 +139,9 @@ def test_imagenet_val_labels_from_kaggles_csv_and_a_damaged_archive_continues(tm
               tarfile.open(fileobj=b, mode="w") as fixed:
             for im in inner.getmembers():
               body = inner.extractfile(im).read()
-              _add(fixed, im.name, b"not a jpeg" if im.name.endswith("_1.JPEG") else body)
+              downloads.add(fixed, im.name, b"not a jpeg" if im.name.endswith("_1.JPEG") else body)
           data = b.getvalue()
-        _add(outer, m.name, data)
+        downloads.add(outer, m.name, data)
   code, _, err = _prepare(capfd, *args)
   assert code == 2
   line = _error(err)
@@ -197,13 +156,13 @@ def test_imagenet_val_labels_from_kaggles_csv_and_a_damaged_archive_continues(tm
   assert labels == {"ILSVRC2012_val_00000001.JPEG": 1, "ILSVRC2012_val_00000002.JPEG": 0,
                     "ILSVRC2012_val_00000003.JPEG": 999}
   assert sorted(r["file_name"].decode() for r in _tfds(out, "imagenet2012", "train")) == sorted(
-      f"{s}_{i}.JPEG" for s in SYNSETS for i in range(4))
+      f"{s}_{i}.JPEG" for s in downloads.SYNSETS for i in range(4))
 
 
 def test_imagenet_bad_val_labels(tmp_path, capfd):
   src, out = tmp_path / "downloads", tmp_path / "out"
   src.mkdir()
-  _imagenet_tars(src, np.random.default_rng(3), val_images=2)
+  downloads.imagenet_tars(src, np.random.default_rng(3), val_images=2)
   (src / "labels.txt").write_text("n01440764\ncat\n")
   code, _, err = _prepare(capfd, "imagenet", f"--from={src}", f"--data_dir={out}",
                           f"--val_labels={src / 'labels.txt'}")
@@ -213,26 +172,12 @@ def test_imagenet_bad_val_labels(tmp_path, capfd):
 
 # --- COCO ---------------------------------------------------------------------------------------
 
-def _coco_zips(src, root):
-  """The official zips of the COCO-layout folder `root`."""
-  for split in ("train2017", "val2017"):
-    with zipfile.ZipFile(src / f"{split}.zip", "w") as z:
-      z.writestr(f"{split}/", "")
-      for name in sorted(os.listdir(root / split)):
-        z.write(root / split / name, f"{split}/{name}")
-  with zipfile.ZipFile(src / "annotations_trainval2017.zip", "w") as z:
-    for split in ("train2017", "val2017"):
-      z.write(root / "annotations" / f"instances_{split}.json",
-              f"annotations/instances_{split}.json")
-    z.writestr("annotations/captions_train2017.json", "{}")
-
-
 def test_coco_from_the_official_zips(tmp_path, capfd, coco):
   import pathlib
   src, out = tmp_path / "downloads", tmp_path / "coco"
   src.mkdir()
   root = pathlib.Path(coco[0])
-  _coco_zips(src, root)
+  downloads.coco_zips(src, root)
   code, _, err = _prepare(capfd, "coco", f"--from={src}", f"--data_dir={out}")
   assert code == 2 and "COCO 2017 differs from the published dataset" in _error(err)
   assert not (out / "annotations").exists()
@@ -261,12 +206,6 @@ def test_coco_from_the_official_zips(tmp_path, capfd, coco):
 
 # --- WMT14 --------------------------------------------------------------------------------------
 
-def _tgz(path, files: dict[str, bytes]):
-  with tarfile.open(path, "w:gz") as t:
-    for name, data in files.items():
-      _add(t, name, data)
-
-
 def test_wmt14_from_the_release_archives(tmp_path, capfd):
   src, out = tmp_path / "downloads", tmp_path / "tfds"
   src.mkdir()
@@ -282,12 +221,12 @@ def test_wmt14_from_the_release_archives(tmp_path, capfd):
                                       ["Straße"], ["street"]),
   }
   for archive, (de, en, de_lines, en_lines) in corpora.items():
-    _tgz(src / archive, {de: "\n".join(de_lines).encode() + b"\n",
+    downloads.tgz(src / archive, {de: "\n".join(de_lines).encode() + b"\n",
                          en: "\n".join(en_lines).encode() + b"\n",
                          "training/other.fr-en.fr": b"Bonjour\n"})
   sgm = lambda lang, lines: ("<srcset>\n<doc>\n" + "".join(
       f'<seg id="{i}">{s}</seg>\n' for i, s in enumerate(lines, 1)) + "</doc>\n").encode()
-  _tgz(src / "dev.tgz", {"dev/newstest2013.de": b"Eins\nZwei\n",
+  downloads.tgz(src / "dev.tgz", {"dev/newstest2013.de": b"Eins\nZwei\n",
                          "dev/newstest2013.en": b"One\nTwo\n",
                          "dev/newstest2014-deen-src.de.sgm": sgm("de", ["Hallo Welt",
                                                                         "Tschüss"]),
@@ -329,7 +268,7 @@ def test_lm1b_from_the_release_archive(tmp_path, capfd):
   # A stray training file in the heldout folder, as in the real archive: not a test file.
   files[f"{top}/heldout-monolingual.tokenized.shuffled/news.en-00000-of-00100"] = b"Stray .\n"
   files[f"{top}/README"] = b"readme\n"
-  _tgz(src / "1-billion-word-language-modeling-benchmark-r13output.tar.gz", files)
+  downloads.tgz(src / "1-billion-word-language-modeling-benchmark-r13output.tar.gz", files)
   code, _, err = _prepare(capfd, "lm1b", f"--from={src}", f"--data_dir={out}", "--subset")
   assert code == 0, err[-3000:]
   text = lambda split: sorted(r["text"].decode() for r in _tfds(out, "lm1b", split))

@@ -23,6 +23,47 @@ def need(src: str, names: list[str], where: str) -> list[str]:
   return [os.path.join(src, n) for n in names]
 
 
+def tar_files(fileobj, where: str) -> list[tarfile.TarInfo]:
+  """The regular files of the uncompressed tar `fileobj` (`where` names it in errors), read
+  from its headers, once the tar is known whole and plain: Python's tarfile ends its listing in
+  silence at a header cut short or at the file's end (only a damaged first header is an error),
+  so the end-of-archive block (POSIX.1-1988 ustar: zero blocks after the last member) and every
+  member's data are checked to be there. A link, a device, a name that leaves the archive's
+  folder or a name present twice is refused: the official archives hold none."""
+  try:
+    with tarfile.open(fileobj=fileobj, mode="r:") as t:
+      members = t.getmembers()
+      end = t.offset
+  except (tarfile.TarError, OSError, EOFError) as e:
+    raise UserError(f"{where} is not a readable tar ({type(e).__name__}: {e}): download it "
+                    f"again") from None
+  fileobj.seek(0, os.SEEK_END)
+  size = fileobj.tell()
+  fileobj.seek(end)
+  block = fileobj.read(tarfile.BLOCKSIZE)
+  if len(block) < tarfile.BLOCKSIZE or block.strip(b"\0"):
+    after = f" after {members[-1].name}" if members else ""
+    raise UserError(f"{where} is cut off or damaged: its listing stops at byte {end:,}{after}, "
+                    f"without the end-of-archive block; download it again")
+  seen: set[str] = set()
+  for m in members:
+    name = os.path.normpath(m.name)
+    if m.issym() or m.islnk() or not (m.isfile() or m.isdir()):
+      what = f"a link to {m.linkname}" if m.issym() or m.islnk() else "not a file or folder"
+      raise UserError(f"{where}: member {m.name} is {what}; the official archive holds only "
+                      f"files: download it again")
+    if os.path.isabs(name) or name == ".." or name.startswith("../"):
+      raise UserError(f"{where}: member {m.name} leaves the archive's folder; the official "
+                      f"archive's do not: download it again")
+    if m.isfile() and name in seen:
+      raise UserError(f"{where}: member {m.name} is there twice; download it again")
+    seen.add(name)
+    if m.isfile() and m.offset_data + m.size > size:
+      raise UserError(f"{where} is cut off: member {m.name} ends past the end of the file; "
+                      f"download it again")
+  return [m for m in members if m.isfile()]
+
+
 def sizes(paths) -> list[tuple[str, int]]:
   """(file name, bytes) of each path: what a shard made of whole files is made of
   (`shards.Shard.key`)."""

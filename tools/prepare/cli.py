@@ -103,12 +103,31 @@ def _prepared(name: str, final: str) -> bool:
   return True
 
 
+def _remove_empty_folders(top: str) -> None:
+  """Removes the folders under `top`, and `top`, that hold nothing."""
+  for folder, _, _ in os.walk(top, topdown=False):
+    try:
+      os.rmdir(folder)
+    except OSError:
+      pass
+
+
 def main(argv: list[str]) -> int:
   if any(a in ("-h", "--help") for a in argv[1:]):
     parse(["--help"])
   a = parse(argv[1:])
-  module = importlib.import_module(f"tools.prepare.{a.dataset}")
   _check(a)
+  existed = os.path.exists(a.data_dir)
+  try:
+    return _prepare(a)
+  except UserError:
+    if not existed:           # what a refused preparation made and kept nothing in
+      _remove_empty_folders(a.data_dir)
+    raise
+
+
+def _prepare(a: argparse.Namespace) -> int:
+  module = importlib.import_module(f"tools.prepare.{a.dataset}")
   archives = [os.path.join(a.src, n) for n in module.ARCHIVE_BYTES]
 
   def say(text: str) -> None:

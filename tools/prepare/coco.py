@@ -40,9 +40,43 @@ def _open(path: str) -> zipfile.ZipFile:
                     f"damaged; download it again") from None
 
 
-def _images(z: zipfile.ZipFile, folder: str) -> list[zipfile.ZipInfo]:
-  return [i for i in z.infolist() if not i.is_dir() and i.filename.startswith(f"{folder}/")
-          and i.filename.lower().endswith(".jpg")]
+def _images(z: zipfile.ZipFile, path: str, folder: str) -> list[zipfile.ZipInfo]:
+  """The JPEGs under `folder/` in the zip at `path`, once no member's name leaves the zip's
+  folder or is there twice (the official zips' are `<folder>/<12 digits>.jpg`), and there is
+  at least one (a --subset is fewer images, never none)."""
+  seen: set[str] = set()
+  for i in z.infolist():
+    name = os.path.normpath(i.filename.replace("\\", "/"))
+    if os.path.isabs(name) or name == ".." or name.startswith("../") or "/../" in name:
+      raise UserError(f"{path}: member {i.filename} leaves the zip's folder; the official "
+                      f"zip's do not: download it again")
+    if not i.is_dir() and name in seen:
+      raise UserError(f"{path}: member {i.filename} is there twice; download it again")
+    seen.add(name)
+  images = [i for i in z.infolist() if not i.is_dir() and i.filename.startswith(f"{folder}/")
+            and "/" not in i.filename[len(folder) + 1:] and i.filename.lower().endswith(".jpg")]
+  if not images:
+    some = next((i.filename for i in z.infolist() if not i.is_dir()), None)
+    raise UserError(f"{path} holds no images {folder}/<name>.jpg" + (
+        f" (its first file is {some})" if some else " (it is empty)") +
+        ": not the official zip; download it again")
+  return images
+
+
+def _annotations(data, path: str, split: str) -> dict:
+  """COCO's instances file as the preparation reads it: an object whose images each name
+  their file (cocodataset.org's data format)."""
+  where = f"annotations/instances_{split}.json in {path}"
+  if not isinstance(data, dict) or not isinstance(data.get("images"), list):
+    raise UserError(f"{where} is not COCO's instances file (an object with a list of images, "
+                    f"cocodataset.org/#format-data): download it again")
+  for i, im in enumerate(data["images"]):
+    if not (isinstance(im, dict) and isinstance(im.get("file_name"), str) and im["file_name"]):
+      raise UserError(f"{where}: image {i} ({str(im)[:60]}) has no file_name; download it "
+                      f"again")
+  if not isinstance(data.get("annotations", []), list):
+    raise UserError(f"{where}: its annotations are not a list; download it again")
+  return data
 
 
 _ZIP: dict[str, zipfile.ZipFile] = {}
@@ -93,7 +127,8 @@ def prepare(src: str, data_dir: str, workers: int, subset: bool,
   done_json = _annotation_files(data_dir)
   with _open(paths["annotations"]) as z:
     try:
-      ann = {s: json.loads(z.read(f"annotations/instances_{s}.json")) for s in ZIPS}
+      ann = {s: _annotations(json.loads(z.read(f"annotations/instances_{s}.json")),
+                             paths["annotations"], s) for s in ZIPS}
     except KeyError as e:
       raise UserError(f"{paths['annotations']} has no {e.args[0]}: not the official annotations "
                       f"zip") from None
@@ -103,7 +138,7 @@ def prepare(src: str, data_dir: str, workers: int, subset: bool,
   tasks, have, members = [], {}, {}
   for split in ZIPS:
     with _open(paths[split]) as z:
-      members[split] = _images(z, split)
+      members[split] = _images(z, paths[split], split)
     have[split] = {os.path.basename(m.filename) for m in members[split]}
   listed = {s: {im["file_name"] for im in ann[s].get("images", [])} for s in ZIPS}
   counts = {s: len(have[s]) for s in ZIPS}

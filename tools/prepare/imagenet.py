@@ -36,13 +36,13 @@ _SYNSET = re.compile(r"^n\d{8}$")
 
 
 def _members(path: str) -> list[tarfile.TarInfo]:
-  """The regular files of an uncompressed tar, read from its headers (seeking over the data)."""
+  """The regular files of an uncompressed tar, read from its headers (seeking over the data),
+  once it is whole and plain (`archives.tar_files`)."""
   try:
-    with tarfile.open(path, "r:") as t:
-      return [m for m in t.getmembers() if m.isfile()]
-  except (tarfile.TarError, OSError, EOFError) as e:
-    raise UserError(f"{path} is not a readable tar ({type(e).__name__}: {e}): download it again"
-                    ) from None
+    with open(path, "rb") as f:
+      return archives.tar_files(f, path)
+  except OSError as e:
+    raise UserError(f"{path} cannot be read ({type(e).__name__}: {e})") from None
 
 
 def val_labels(path: str | None) -> dict[int, str]:
@@ -88,6 +88,10 @@ def plan(src: str, labels_file: str | None, label_names: list[str]) -> list[Shar
   if bad or not inner:
     raise UserError(f"{train} is not ILSVRC2012's training tar: it should hold one tar per "
                     f"synset (n01440764.tar, ...), but holds {bad[0] if bad else 'nothing'}")
+  synsets = [os.path.basename(m.name)[:-4] for m in inner]
+  twice = next((s for s in synsets if synsets.count(s) > 1), None)
+  if twice:
+    raise UserError(f"{train}: synset {twice} has two tars; download it again")
   per = PUBLISHED["train"] // len(index)
   for i, m in enumerate(sorted(inner, key=lambda m: m.name)):
     synset = os.path.basename(m.name)[:-4]
@@ -95,13 +99,17 @@ def plan(src: str, labels_file: str | None, label_names: list[str]) -> list[Shar
                                                  index[synset], m.name), per,
                         key=(m.name, m.size, index[synset])))
   labels = val_labels(labels_file)
-  images = []
+  images, numbers = [], set()
   for m in sorted(_members(val), key=lambda m: m.name):
     found = _VAL_NAME.match(os.path.basename(m.name))
     if not found:
       raise UserError(f"{val} is not ILSVRC2012's validation tar: {m.name} is not named "
                       f"ILSVRC2012_val_<8 digits>.JPEG")
     number = int(found.group(1))
+    if number in numbers:
+      raise UserError(f"{val}: validation image {number} is there twice ({m.name}); download "
+                      f"it again")
+    numbers.add(number)
     if number not in labels:
       raise UserError(f"the validation labels have no synset for {m.name}: give "
                       f"--val_labels=FILE with all 50,000")
@@ -109,6 +117,9 @@ def plan(src: str, labels_file: str | None, label_names: list[str]) -> list[Shar
       raise UserError(f"the validation label of {m.name}, {labels[number]}, is not one of "
                       f"ImageNet's 1,000 synsets")
     images.append((m.offset_data, m.size, index[labels[number]], m.name))
+  if not images:
+    raise UserError(f"{val} holds no images: ILSVRC2012's validation tar holds 50,000 (even a "
+                    f"--subset needs some); download it again")
   groups = split_evenly(images, VAL_SHARDS)
   shards += [Shard("validation", i, len(groups), ("validation", val, g), len(g),
                    key=[(name, size, label) for _, size, label, name in g])
@@ -145,16 +156,18 @@ def examples(source) -> Iterator[tuple[dict, str | None]]:
     _, path, offset, size, label, member = source
     with open(path, "rb") as f:
       blob = _read(f, path, member, offset, size)
+    f = io.BytesIO(blob)
     try:
-      with tarfile.open(fileobj=io.BytesIO(blob), mode="r:") as t:
-        for m in sorted((m for m in t.getmembers() if m.isfile()), key=lambda m: m.name):
-          name = os.path.basename(m.name)
-          data = t.extractfile(m).read()
-          image, note = _jpeg(data, f"{member}/{name} in {path}")
-          yield {"image": image, "label": label, "file_name": name}, note
-    except (tarfile.TarError, EOFError) as e:
-      raise ShardError(f"{member} in {path} is not a readable tar ({type(e).__name__}: {e})"
-                       ) from None
+      inner = archives.tar_files(f, f"{member} in {path}")
+    except UserError as e:
+      raise ShardError(str(e)) from None
+    if not inner:
+      raise ShardError(f"{member} in {path} holds no images: download {path} again")
+    for m in sorted(inner, key=lambda m: m.name):
+      name = os.path.basename(m.name)
+      f.seek(m.offset_data)
+      image, note = _jpeg(f.read(m.size), f"{member}/{name} in {path}")
+      yield {"image": image, "label": label, "file_name": name}, note
     return
   _, path, images = source
   with open(path, "rb") as f:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 from typing import Callable, Iterator
 
 from runtime.errors import UserError
@@ -37,6 +38,11 @@ def plan(src: str, raw: str, say: Callable[[str], None]) -> list[Shard]:
   if not train or not test:
     raise UserError(f"{archive} holds no {'training' if not train else 'heldout'} files under "
                     f"{TOP}/: not the official archive")
+  for split, files in (("training", train), ("heldout", test)):
+    if not any(os.path.getsize(p) for p in files):
+      shutil.rmtree(raw)          # taken from an archive that is not the release: not kept
+      raise UserError(f"{archive}: its {len(files)} {split} files are empty: not the official "
+                      f"archive (even a --subset needs text in both); download it again")
   per = PUBLISHED["train"] // len(train)
   return [Shard("train", i, len(train), [p], per, key=archives.sizes([p]))
           for i, p in enumerate(train)] + \

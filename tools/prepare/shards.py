@@ -204,6 +204,11 @@ def write_tfds(name: str, data_dir: str, shards: list[Shard], module: str,
   say(f"prepare: {', '.join(f'{split} {counts[split]:,}' for split in splits)} examples "
       f"({time.monotonic() - t:.0f} s)" + (f"; {', '.join(f'{v:,} {k}' for k, v in notes.items())}"
                                             if notes else ""))
+  empty = [s for s in splits if not counts[s]]
+  if empty:
+    raise UserError(f"{name}: the {empty[0]} split has no examples: the archives are not the "
+                    f"official ones (a --subset is fewer examples, never none); the shards are "
+                    f"kept in {work}")
   differ = {s: (counts[s], published[s]) for s in splits if counts[s] != published.get(s)}
   if differ and not subset:
     what = "; ".join(f"{s}: {have:,} examples, published {want:,}" for s, (have, want) in
