@@ -185,6 +185,26 @@ def check_finite(c: Any) -> None:
         raise UserError(f"--{f.name}={v}: give a finite number")
 
 
+# Steps of a schedule are int32 in the compiled step (jax's default integer): a longer warmup
+# or schedule overflows it there, past every check.
+MAX_STEPS = 2**31 - 1
+
+
+def check_schedule_lengths(c: Any) -> None:
+  """Epoch counts of a schedule (`*_epochs`) at most MAX_EPOCHS, step counts (`*_steps`) at
+  most MAX_STEPS: a value past them is a typo, and reaches the compiled step as an integer
+  it cannot hold."""
+  for f in dataclasses.fields(c):
+    v = getattr(c, f.name)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+      continue
+    shown = f"{v:g}" if isinstance(v, float) else v
+    if f.name.endswith("_epochs") and v > MAX_EPOCHS:
+      raise UserError(f"--{f.name}={shown}: at most {MAX_EPOCHS:,} epochs")
+    if f.name.endswith("_steps") and v > MAX_STEPS:
+      raise UserError(f"--{f.name}={shown}: at most {MAX_STEPS:,} steps")
+
+
 def validate_common(c: Common) -> None:
   check_finite(c)
   if c.dtype not in ("float32", "bfloat16", "float64"):
@@ -207,6 +227,7 @@ def validate_common(c: Common) -> None:
   if c.max_epochs > MAX_EPOCHS:
     raise UserError(f"--max_epochs={c.max_epochs}: at most {MAX_EPOCHS:,} (MLPerf's benchmarks "
                     f"converge in tens of epochs)")
+  check_schedule_lengths(c)
   eval_points(c)
   if c.eval_every_samples < 0:
     raise UserError(f"--eval_every_samples must be >= 0 (got {c.eval_every_samples})")

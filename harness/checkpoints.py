@@ -34,6 +34,10 @@ import numpy as np
 from runtime.errors import CheckpointFailed, UserError
 
 
+# What a checkpoint's metadata must match for a resumed run to see the same batches.
+POSITION = ("seed", "global_batch_size", "num_train", "steps_per_epoch")
+
+
 def position(step: int, steps_per_epoch: int, cfg, num_train: int) -> dict[str, Any]:
   """Where a run is after `step` global steps, and what its batch order depends on."""
   epoch, batch = divmod(step, steps_per_epoch)
@@ -204,14 +208,32 @@ class Checkpoints:
   def where(self, step: int) -> dict[str, Any]:
     return dict(self.mngr.metadata(step).custom_metadata or {})
 
-  def restore(self, abstract_state, expected: dict[str, Any]):
+  def restore(self, abstract_state, expected: dict[str, Any], last_step: int):
     """(state, step, position) of the newest checkpoint, after checking that it is this run's:
-    the same state shapes and the same batch order (`expected`: `position(...)` of this run)."""
+    the same state shapes and the same batch order (`expected`: `position(...)` of this run),
+    and that steps are left before the run's last (`last_step`: --max_epochs' end)."""
     step = self.latest()
     if step is None:
       raise UserError(f"--resume: no finished checkpoint in {self.directory}")
-    where = self.where(step)
-    for key in ("seed", "global_batch_size", "num_train", "steps_per_epoch"):
+    damaged = (f"it is damaged; remove the folder {step} there to resume from the checkpoint "
+               f"before it, or start a new --output_dir")
+    try:
+      where = self.where(step)
+    except Exception as e:         # orbax's JSON, file and format errors are of many kinds
+      raise UserError(f"--resume: the metadata of the checkpoint of step {step} in "
+                      f"{self.directory} cannot be read ({_first_line(e)}): {damaged}") from None
+    # orbax reads a damaged _CHECKPOINT_METADATA as empty: the position is then unknown.
+    missing = [k for k in POSITION if k in expected and k not in where]
+    if missing:
+      raise UserError(f"--resume: the metadata of the checkpoint of step {step} in "
+                      f"{self.directory} lacks its position ({', '.join(missing)}): {damaged}")
+    if step >= last_step:
+      at = where.get("epoch", step // max(1, expected["steps_per_epoch"]))
+      raise UserError(f"--resume: the checkpoint of step {step} in {self.directory} is at epoch "
+                      f"{at}, and this run ends at step {last_step} (--max_epochs="
+                      f"{last_step // max(1, expected['steps_per_epoch'])}): nothing is left to "
+                      f"train; resume with the --max_epochs the run started with")
+    for key in POSITION:
       if key in where and where[key] != expected[key]:
         raise UserError(
             f"--resume: the checkpoint of step {step} in {self.directory} was trained with "

@@ -124,6 +124,7 @@ def _start_devices(cfg, o: RunOptions, topology: Topology | None,
   """The compilers' flags, then the devices: simulated CPU devices must be set before jax
   starts its backend, and a TPU slice's devices come from libtpu, not from this host."""
   backend.check_env_xla_flags()
+  tpu_flags.check_env()
   backend.add_xla_flags(cfg.xla_flags)
   tpu_flags.add(cfg.libtpu_flags)
   if topology is not None:

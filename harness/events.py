@@ -26,7 +26,7 @@ from benchmarks.task import Task
 from harness.run import Run
 from harness.timeline import Block
 from logs.mlperf import C, MLPerfLog
-from logs.resumed import INTERRUPTED_KEY, RESUMED_KEY
+from logs.resumed import DRY_RUN_KEY, INTERRUPTED_KEY, RESUMED_KEY
 
 XLA_ENV_KEY = "meshperf_xla_env"   # the compilers' flags the run started with
 SUBSET_KEY = "meshperf_dataset_subset"   # a real dataset with fewer examples than published
@@ -169,6 +169,7 @@ def dry_run(log: MLPerfLog, keys: list[tuple], data, block: Block, quality: floa
   then run_stop with success."""
   seq = Sequence(log)
   seq.init()
+  log.event(DRY_RUN_KEY, "the events a run would write; nothing was trained")
   seq.keys(keys)
   seq.init_stop(data)
   seq.run_start()

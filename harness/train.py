@@ -406,7 +406,8 @@ def _maybe_resume(r: Training):
     return state, 0
   data = r.data
   expected = checkpoints.position(0, data.steps_per_epoch, r.cfg, data.num_train)
-  state, step, where = r.ckpt.restore(r.program.state_shapes, expected)
+  state, step, where = r.ckpt.restore(r.program.state_shapes, expected,
+                                      r.cfg.max_epochs * data.steps_per_epoch)
   if int(jax.device_get(state["step"])) != step:
     raise UserError(f"--resume: the checkpoint {step} in {r.ckpt.directory} holds "
                     f"step {int(jax.device_get(state['step']))}; it is not this loop's")

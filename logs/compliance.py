@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 
+from runtime import files
 from runtime.errors import UserError
 
 _SEPARATOR = "-" * 30
@@ -39,6 +40,7 @@ def _record(line: str) -> dict | None:
 def read_log(path: str) -> list[dict]:
   """The records of an MLPerf log; UserError when it is not one, or a line is cut off (a run
   that crashed while writing leaves its last line half written)."""
+  files.check_regular(path)
   try:
     with open(path, encoding="utf-8", errors="replace") as f:
       lines = f.read().splitlines()

@@ -8,7 +8,9 @@ SIGTERM ends it with `meshperf_interrupted` and `run_stop` aborted; a SIGKILL le
 the process died, perhaps with a cut last line) and each resumption logs into its own
 `result_<i>.resume-<k>.txt`, whose `meshperf_resumed` event names the step it continued from
 and the first log. A log a signal stopped is not a result even if never resumed. `verdict` says
-which of these a log is; `./run.sh check` prints it and counts such a log as not passing.
+which of these a log is; `./run.sh check` prints it and counts such a log as not passing. A dry
+run's log (`./run.sh dryrun`: the events a run would write, with no training) says so in
+`meshperf_dry_run` and is never a result either.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import re
 
 RESUMED_KEY = "meshperf_resumed"
 INTERRUPTED_KEY = "meshperf_interrupted"    # logged before run_stop by a run a signal stopped
+DRY_RUN_KEY = "meshperf_dry_run"            # logged by `./run.sh dryrun`, which trains nothing
 
 
 def _events(path: str):
@@ -36,6 +39,9 @@ def verdict(path: str) -> str | None:
   base = os.path.basename(path)
   resumed, stopped, interrupted = None, False, None
   for e in _events(path):
+    if e.get("key") == DRY_RUN_KEY:
+      return ("DRY RUN log (./run.sh dryrun): the events a run would write, with nothing "
+              "trained; not an MLPerf result")
     if e.get("key") == RESUMED_KEY:
       resumed = e.get("value") or {}
     if e.get("key") == INTERRUPTED_KEY:

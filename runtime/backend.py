@@ -7,18 +7,15 @@ from __future__ import annotations
 
 import glob
 import importlib.util
-import json
 import os
 import re
 import subprocess
 import sys
-import tempfile
-from importlib import metadata
 
 import jax
 from jax._src import xla_bridge
 
-from runtime import host
+from runtime import host, taken
 from runtime.errors import UserError
 
 
@@ -94,6 +91,12 @@ def check_env_xla_flags() -> None:
   aborts the process on a flag it does not know, with status 1 (an epoch limit's). Nothing to
   try once jax's backends have started (XLA has read them) or for the simulated-device count
   this project sets itself; tried once per process for the same flags."""
+  for f in os.environ.get("XLA_FLAGS", "").split():
+    name, _, value = f.partition("=")
+    if name == "--xla_force_host_platform_device_count" and not (value.isdigit()
+                                                                 and int(value) >= 1):
+      raise UserError(f"XLA_FLAGS: {f}: give a number of simulated CPU devices, an integer "
+                      f">= 1 (or use --num_cpu_devices)")
   flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
                    if not f.startswith("--xla_force_host_platform_device_count"))
   if flags and not xla_bridge.backends_are_initialized() and flags not in _TRIED:
@@ -104,49 +107,8 @@ def check_env_xla_flags() -> None:
 _TRIED: set[str] = set()
 
 
-# XLA_FLAGS that this machine's jaxlib took, kept in the cache (`runtime.host.cache_root`): a run
-# with the same flags needs no child process to try them again. Only flags that passed are kept.
+# XLA_FLAGS that this machine's jaxlib took (`runtime.taken`).
 TAKEN_FLAGS = "xla-flags-taken.json"
-
-
-def _taken_by_this_jaxlib() -> tuple[str, list[str]]:
-  """(this jaxlib's version, the flag sets it took here); a cache file that cannot be read or is
-  not what this module writes counts as empty."""
-  try:
-    version = metadata.version("jaxlib")
-  except metadata.PackageNotFoundError:
-    return "", []
-  try:
-    with open(os.path.join(host.cache_root(), TAKEN_FLAGS)) as f:
-      known = json.load(f)
-  except (OSError, ValueError):
-    return version, []
-  if not (isinstance(known, dict) and known.get("jaxlib") == version
-          and isinstance(known.get("taken"), list)):
-    return version, []
-  return version, [t for t in known["taken"] if isinstance(t, str)]
-
-
-def _taken(merged: str) -> bool:
-  return merged in _taken_by_this_jaxlib()[1]
-
-
-def _remember_taken(merged: str) -> None:
-  """Adds `merged` to the flag sets this jaxlib took (another jaxlib's are dropped; the file is
-  written whole, then renamed: a reader never sees half of it); a cache that cannot be written
-  is left as it is."""
-  version, taken = _taken_by_this_jaxlib()
-  if not version:
-    return
-  folder = host.cache_root()
-  try:
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{TAKEN_FLAGS}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-      json.dump({"jaxlib": version, "taken": sorted(set(taken) | {merged})}, f)
-    os.replace(tmp, os.path.join(folder, TAKEN_FLAGS))
-  except OSError:
-    pass
 
 
 def check_xla_flags(flags: str, base: str = "", what: str = "--xla_flags") -> str:
@@ -163,7 +125,7 @@ def check_xla_flags(flags: str, base: str = "", what: str = "--xla_flags") -> st
     raise UserError(f"{what}={flags}: {tpu[0]} is a flag of the TPU compiler (libtpu), "
                     f"which reads LIBTPU_INIT_ARGS, not XLA_FLAGS: set LIBTPU_INIT_ARGS instead")
   merged = " ".join(base.split() + flags.split())
-  if _taken(merged):
+  if taken.taken(TAKEN_FLAGS, "jaxlib", merged):
     return merged
   try:
     probe = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"],
@@ -180,7 +142,7 @@ def check_xla_flags(flags: str, base: str = "", what: str = "--xla_flags") -> st
     with_base = f" (with XLA_FLAGS={base!r})" if base else ""
     raise UserError(f"{what}={flags}{with_base}: {why}; drop it, or see "
                     "https://openxla.org/xla/flags_guidance for the flags XLA has")
-  _remember_taken(merged)
+  taken.remember(TAKEN_FLAGS, "jaxlib", merged)
   return merged
 
 

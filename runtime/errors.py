@@ -21,8 +21,23 @@ EXIT_CHECK_FAILED = 1
 class UserError(ValueError):
   """Bad input from the user (flags, specs, data paths).
 
-  Entry points print `error: <message>` and exit with status 2, no traceback.
+  Entry points print `error: <message>` and exit with status 2, no traceback. The message is
+  one line whatever it quotes: a line break in a path or a value is shown as `\\n`.
   """
+
+  def __str__(self) -> str:
+    return one_line(super().__str__())
+
+
+# What Python's str.splitlines breaks a line at (its documentation's table of line boundaries).
+_BREAKS = {c: c.encode("unicode_escape").decode() for c in
+           "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"}
+
+
+def one_line(text: str) -> str:
+  """`text` with its line breaks (every boundary str.splitlines knows) written as escapes
+  (`\\n`, `\\x1e`): one line of a terminal or a log."""
+  return text.translate(str.maketrans(_BREAKS)) if any(c in text for c in _BREAKS) else text
 
 
 class RunEnded(Exception):

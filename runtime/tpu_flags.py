@@ -20,9 +20,11 @@ import sys
 
 from jax._src.lib import xla_client
 
+from runtime import taken
 from runtime.errors import UserError
 
 VARIABLE = "LIBTPU_INIT_ARGS"
+TAKEN_FLAGS = "libtpu-flags-taken.json"     # flags this machine's libtpu took (`runtime.taken`)
 _FLAG = re.compile(r"--[a-z][a-z0-9_]*(=\S+)?$")
 
 
@@ -58,10 +60,13 @@ def loaded() -> bool:
   return bool(xla_client.pjrt_plugin_loaded("tpu"))
 
 
-def check(flags: str) -> None:
+def check(flags: str, what: str = "--libtpu_flags") -> None:
   """libtpu knows every flag of `flags` (tried in a child process; nothing to try without
-  libtpu installed, where the flags do nothing)."""
+  libtpu installed, where the flags do nothing). `what` names them in errors."""
   if not flags.split() or importlib.util.find_spec("libtpu") is None:
+    return
+  flags = " ".join(flags.split())
+  if taken.taken(TAKEN_FLAGS, "libtpu", flags):
     return
   probe = ("from jax.experimental import topologies\n"
            "topologies.get_topology_desc(topology_name='v3:2x2', platform='tpu')\n")
@@ -72,14 +77,27 @@ def check(flags: str) -> None:
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
                          text=True, check=False, timeout=300)
   except subprocess.TimeoutExpired:
-    raise UserError(f"--libtpu_flags={flags}: trying them in a child process took over 300 s"
+    raise UserError(f"{what}={flags}: trying them in a child process took over 300 s"
                     ) from None
   if out.returncode != 0:
     said = [line.strip() for line in (out.stderr + out.stdout).splitlines()
             if "command line flag" in line]
     why = said[0] if said else " ".join(out.stderr.split()[-12:])
-    raise UserError(f"--libtpu_flags={flags}: libtpu refused them ({why}); drop the flag, or "
+    raise UserError(f"{what}={flags}: libtpu refused them ({why}); drop the flag, or "
                     f"check its name against this libtpu's flags")
+  taken.remember(TAKEN_FLAGS, "libtpu", flags)
+
+
+_TRIED: set[str] = set()
+
+
+def check_env() -> None:
+  """LIBTPU_INIT_ARGS as the environment sets it, tried before libtpu loads as `--libtpu_flags`
+  are (libtpu would print its own error and the run go on without them); once per process."""
+  flags = " ".join(os.environ.get(VARIABLE, "").split())
+  if flags and flags not in _TRIED and not loaded():
+    check(flags, what=VARIABLE)
+    _TRIED.add(flags)
 
 
 def add(flags: str) -> None:

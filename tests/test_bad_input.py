@@ -33,13 +33,15 @@ VERBS = {"main": [sys.executable, "-m", "harness.main"],
          "scale": [sys.executable, "-m", "tools.pod.scale"],
          "throughput": [sys.executable, "-m", "tools.perf.synthetic"],
          "prepare": [sys.executable, "-m", "tools.prepare.cli"],
+         "dryrun": [sys.executable, "-m", "tools.pod.dryrun"],
          "run.sh": [os.path.join(ROOT, "run.sh")]}
 # The same entry points called in this process (`tests.helpers.run_here`: each parses its flags
 # on a fresh set of its own, and ends as `run_main` ends): about 0.1-1 s a case instead of a
 # Python process that imports jax (4-6 s).
 IN_PROCESS = {"main": "harness.main", "ablate": "tools.sweep.ablate",
               "sweep": "tools.sweep.cli", "scale": "tools.pod.scale",
-              "throughput": "tools.perf.synthetic", "prepare": "tools.prepare.cli"}
+              "throughput": "tools.perf.synthetic", "prepare": "tools.prepare.cli",
+              "dryrun": "tools.pod.dryrun"}
 # What a case in this process cannot do: the shell script; simulated devices other than this
 # process's 8 (jax starts once per process); libtpu's TPU topologies; multi-host starts; XLA
 # flags (XLA reads them when jax starts), which the GPU presets set.
@@ -186,6 +188,18 @@ def inputs(tmp_path_factory, coco, imagenet_dir):
   (root / "coco_missing_train" / "train2017" / gone["file_name"]).unlink()
   d["train_jpeg"] = gone["file_name"]
   d["imagenet"] = str(imagenet_dir)
+  # MLCommons' C4 layout (Megatron's indexed files): token ids stored as float32; an id past
+  # the vocabulary deep in the training file, after the rows of the first batch.
+  from benchmarks.llama import indexed
+  rng = np.random.default_rng(1)
+  for name, dtype in (("c4_float", np.float32), ("c4_big_id", np.int32)):
+    (root / name).mkdir()
+    for prefix in (indexed.TRAIN, indexed.VALIDATION):
+      docs = [rng.integers(1, 1000, size=300) for _ in range(40)]
+      if name == "c4_big_id" and prefix == indexed.TRAIN:
+        docs[37][5] = 5000
+      indexed.write(str(root / name / prefix), docs, dtype)
+    d[name] = str(root / name)
   d.update(_downloads(root, coco_root))
   # Files that are not what a flag wants.
   (root / "notes.txt").write_text("a text file, not a sentencepiece model or a log\n")
@@ -246,6 +260,18 @@ def inputs(tmp_path_factory, coco, imagenet_dir):
     bad = {k: v for k, v in {**point, **change}.items() if v is not None}
     (root / f"points_{name}.json").write_text(json.dumps({"points": [bad]}))
     d[f"points_{name}"] = str(root / f"points_{name}.json")
+  # A finished run's folder (its log and summary), and files that are FIFOs: a reader that
+  # opened one would wait for a writer forever.
+  whole = "\n".join([_mllog("submission_benchmark", "resnet"), _mllog("run_start", None, 2),
+                     _mllog("run_stop", None, 3)]) + "\n"
+  for name in ("finished_run", "fifo_summary_run", "fifo_log"):
+    (root / name).mkdir()
+  (root / "finished_run" / "result_0.txt").write_text(whole)
+  (root / "finished_run" / "summary.json").write_text("{}")
+  (root / "fifo_summary_run" / "result_0.txt").write_text(whole)
+  os.mkfifo(root / "fifo_summary_run" / "summary.json")
+  os.mkfifo(root / "fifo_log" / "result_0.txt")
+  os.mkfifo(root / "fifo.txt")
   yield d
   if os.geteuid() != 0:
     os.chmod(d["unwritable"], 0o700)
@@ -525,6 +551,15 @@ CASES = [
     ("scale", ["all", "--points={points_dimension}"],
      "point p: layout rule 'bacth:x+y' names dimension 'bacth'"),
     ("main", ["lm", "--target_log_perplexity=nan"], "--target_log_perplexity=nan: give a finite"),
+    ("main", ["llama", "--config=tiny", "--dataset=c4", "--data_dir={c4_float}"],
+     "its tokens are float32 (dtype code 7), and token ids are integers"),
+    ("main", ["llama", "--config=tiny", "--dataset=c4", "--data_dir={c4_big_id}"],
+     "c4-train.en_6_text_document.bin: token 11,105 (document 37) is id 5000, outside the "
+     "model's --vocab_size=1,024"),
+    ("main", ["llama", "--config=tiny", "--rope_theta=1e-300"],
+     "--rope_theta=1e-300: the rotary base must be above 1"),
+    ("main", ["resnet", "--warmup_epochs=1e300"], "--warmup_epochs=1e+300: at most 100,000"),
+    ("main", ["lm", "--warmup_steps=10000000000"], "--warmup_steps=10000000000: at most"),
     ("main", ["transformer", "--label_smoothing=inf"], "--label_smoothing=inf: give a finite"),
     ("main", ["resnet", "--num_classes=5"],
      "--num_classes=5: the digits dataset has 10 classes (labels 0..9); pass --num_classes=10"),
@@ -568,6 +603,22 @@ CASES = [
     ("main", ["resnet", "--output_dir={root}/loop_a/run"],
      "{root}/loop_a is a symbolic link in a loop of links"),
     ("main", ["resnet", "--output_dir={root}/" + "r" * 300], "is 300 bytes; the file system"),
+    # --- reliability, third round: what a user has is never overwritten; nothing hangs; one line
+    ("dryrun", ["resnet", "--config=tiny", "--output_dir={root}/finished_run"],
+     "--output_dir={root}/finished_run holds summary.json, not a dry run's files"),
+    ("dryrun", ["resnet", "--config=tiny", "--resume"],
+     "--resume is a flag of a run that trains; a dry run trains nothing"),
+    ("run.sh", ["check", "{root}/fifo.txt"],
+     "{root}/fifo.txt is a FIFO (named pipe), not a regular file"),
+    ("run.sh", ["check", "{root}/fifo_log"],
+     "{root}/fifo_log/result_0.txt is a FIFO (named pipe), not a regular file"),
+    ("run.sh", ["package", "{root}/fifo_summary_run"],
+     "{root}/fifo_summary_run/summary.json is a FIFO (named pipe), not a regular file"),
+    ("main", ["resnet", "--dataset=imagenet", "--data_dir={root}/two\nlines"],
+     "--data_dir={root}/two\\nlines does not exist"),
+    ("throughput", ["all", "--config=gpu-8xh100", "--steps=0"],
+     "--steps=0: timed steps, at least 1"),
+    ("sweep", ["resnet", "--layouts="], "--layouts= is blank"),
 ]
 
 
@@ -622,7 +673,7 @@ def test_bad_input(inputs, tmp_path, monkeypatch, capfd, verb, args, needle):
   def fill(text):
     return text.format(**inputs, out=out)
   args = [fill(a) for a in args]
-  if verb in ("main", "ablate", "sweep") or (verb == "run.sh" and args and args[0] in
+  if verb in ("main", "ablate", "sweep", "dryrun") or (verb == "run.sh" and args and args[0] in
                                     ("resnet", "transformer", "ssd", "lm")):
     if not any(a.startswith("--output_dir") for a in args):
       args.append(f"--output_dir={out}")
@@ -705,11 +756,16 @@ ENV_CASES = [
     ({"XLA_FLAGS": "xla_cpu_foo"}, ["resnet"], "XLA_FLAGS: 'xla_cpu_foo' is not an XLA flag"),
     ({"MESHPERF_CACHE": "{unwritable}/cache"}, ["resnet"],
      "MESHPERF_CACHE={unwritable}/cache: cannot write in"),
+    ({"XLA_FLAGS": "--xla_force_host_platform_device_count=abc"}, ["resnet"],
+     "XLA_FLAGS: --xla_force_host_platform_device_count=abc: give a number of simulated CPU"),
+    pytest.param({"LIBTPU_INIT_ARGS": "--xla_tpu_no_such_flag=1"}, ["resnet"],
+                 "LIBTPU_INIT_ARGS=--xla_tpu_no_such_flag=1: libtpu refused them",
+                 marks=helpers.needs_libtpu),
 ]
 
 
-@pytest.mark.parametrize("env,args,needle", ENV_CASES, ids=[next(iter(e)) + " " + " ".join(a)
-                                                            for e, a, _ in ENV_CASES])
+@pytest.mark.parametrize("env,args,needle", ENV_CASES, ids=[
+    next(iter(e)) + " " + " ".join(a) for e, a, _ in (getattr(c, "values", c) for c in ENV_CASES)])
 def test_bad_environment(inputs, tmp_path, env, args, needle):
   """Bad input from the environment is bad input too: one line, status 2 (not XLA's abort with
   status 1, an epoch limit's, nor a traceback), nothing left behind."""

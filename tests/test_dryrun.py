@@ -13,6 +13,7 @@ import sys
 import numpy as np
 import pytest
 
+from runtime.errors import UserError
 from tests.helpers import needs_libtpu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -81,11 +82,18 @@ def test_a_tiny_llama_fails_the_closed_rules_and_says_which(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_open_lm_passes_its_own_division(tmp_path):
+def test_the_open_lm_passes_its_own_division(tmp_path, capsys):
   p = _dryrun(tmp_path, "lm", "--config=tiny")
   assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
   assert "RCP        open division: no reference convergence check" in p.stdout
   assert p.stdout.strip().splitlines()[-1] == "verdict: PASS"
+  # Its log passes the checker but is never a result: `check` says so, `package` refuses it.
+  from tools import check, package
+  out = tmp_path / "out"
+  assert check.main([str(out)]) == 1
+  assert "NOT A RESULT" in capsys.readouterr().out
+  with pytest.raises(UserError, match="NOT A RESULT: DRY RUN log"):
+    package.gather([str(out)])
 
 
 def test_a_gpu_preset_without_a_gpu_is_one_line(tmp_path):

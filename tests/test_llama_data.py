@@ -124,7 +124,7 @@ def test_c4_folder_errors_are_one_line(tmp_path):
   rng = np.random.default_rng(0)
   for name in (indexed.TRAIN, indexed.VALIDATION):
     indexed.write(str(tmp_path / name), [rng.integers(1, 1100, size=300) for _ in range(10)])
-  with pytest.raises(UserError, match="outside the model's --vocab_size=1024"):
+  with pytest.raises(UserError, match="outside the model's --vocab_size=1,024"):
     data_lib.make(_cfg(dataset="c4", data_dir=str(tmp_path)))
   with pytest.raises(UserError, match="fewer than --eval_samples=1024"):
     data_lib.make(_cfg(dataset="c4", data_dir=str(tmp_path), vocab_size=2000, eval_samples=1024))

@@ -232,7 +232,7 @@ def test_a_failed_save_leaves_the_previous_checkpoint_whole(tmp_path, capfd, asy
   assert "the checkpoint of step 1 is whole" in message
   assert sorted(os.listdir(tmp_path / "checkpoints")) == ["1"]     # no partial step folder
   abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype), state)
-  restored, step, _ = ckpt.restore(abstract, where)
+  restored, step, _ = ckpt.restore(abstract, where, last_step=10)
   ckpt.close()
   assert step == 1
   np.testing.assert_array_equal(restored["params"]["w"], state["params"]["w"])
@@ -240,20 +240,43 @@ def test_a_failed_save_leaves_the_previous_checkpoint_whole(tmp_path, capfd, asy
 
 
 @pytest.mark.slow
-def test_resume_with_another_model_shape_is_bad_input(baseline, tmp_path):
-  """One line before any array is read (not orbax's tracebacks), and nothing written."""
+def _cut(name):
+  """The newest checkpoint's file `name` cut in half (a disk that filled while it was written,
+  a copy stopped)."""
+  def cut(out):
+    path = out / "checkpoints" / str(2 * STEPS_PER_EPOCH) / name
+    path.write_bytes(path.read_bytes()[:path.stat().st_size // 2])
+  return cut
+
+
+@pytest.mark.parametrize("flags,damage,needle", [
+    (["--model_width=16", "--max_epochs=4"], None, "this model's is"),
+    (["--max_epochs=1"], None, f"the checkpoint of step {2 * STEPS_PER_EPOCH} in {{out}}"
+     f"/checkpoints is at epoch 2, and this run ends at step {STEPS_PER_EPOCH} (--max_epochs=1): "
+     f"nothing is left to train"),
+    (["--max_epochs=4"], _cut("_CHECKPOINT_METADATA"), f"the metadata of the checkpoint of step "
+     f"{2 * STEPS_PER_EPOCH} in {{out}}/checkpoints lacks its position (seed, global_batch_size, "
+     f"num_train, steps_per_epoch): it is damaged"),
+    (["--max_epochs=4"], _cut("default/_METADATA"), f"the metadata of the checkpoint of step "
+     f"{2 * STEPS_PER_EPOCH} in {{out}}/checkpoints cannot be read (JSONDecodeError"),
+], ids=["model_shape", "max_epochs_below_the_checkpoint", "cut_checkpoint_metadata",
+        "cut_tree_metadata"])
+def test_a_resume_that_cannot_continue_is_bad_input(baseline, tmp_path, flags, damage, needle):
+  """One line before any array is read (not orbax's tracebacks), and nothing written: the
+  killed run's summary, plot and logs stay as they were."""
   out = tmp_path / "killed"
   shutil.copytree(baseline[0], out)
   os.remove(out / "summary.json")        # as a run killed before it ended leaves it
-  before = sorted(os.listdir(out))
-  p = subprocess.run([sys.executable, "-m", "harness.main", "resnet", "--model_depth=10",
-                      "--model_width=16", "--global_batch_size=32", "--eval_batch_size=64",
-                      "--bn_span=4", "--max_epochs=4", f"--output_dir={out}", "--resume"],
-                     cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+  if damage:
+    damage(out)
+  before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+  p = subprocess.run([sys.executable, "-m", "harness.main", *TINY, *flags, f"--output_dir={out}",
+                      "--resume"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                     check=False)
   assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-3000:]
   errors = [x for x in p.stderr.splitlines() if x.startswith("error: ")]
-  assert len(errors) == 1 and "of shape" in errors[0] and "this model's is" in errors[0]
-  assert sorted(os.listdir(out)) == before
+  assert len(errors) == 1 and needle.format(out=out) in errors[0], p.stderr[-3000:]
+  assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM,

@@ -65,7 +65,7 @@ def test_the_state_in_other_layouts_trains_evaluates_and_resumes_like_the_defaul
 
     ckpt = Checkpoints(str(tmp_path / "checkpoints"), asynchronous=False)
     ckpt.save(state, 2, {})
-    restored, step, _ = ckpt.restore(program.state_shapes, {})
+    restored, step, _ = ckpt.restore(program.state_shapes, {}, last_step=3)
     ckpt.close()
     assert step == 2
     assert jax.tree.map(lambda x: x.format, restored) == program.state_shardings

@@ -40,7 +40,7 @@ from benchmarks import config as config_lib
 from benchmarks import registry
 from logs import compliance, rcp, resumed
 from logs import results as res
-from runtime import scratch
+from runtime import files, scratch
 from runtime.errors import UserError
 from tools import check as check_cli
 
@@ -122,6 +122,7 @@ def gather(folders: list[str]) -> list[Run]:
       m = re.fullmatch(r"result_(\d+)\.txt", os.path.basename(log))
       name = "summary.json" if m and int(m.group(1)) == 0 else f"summary_{m and m.group(1)}.json"
       path = os.path.join(folder, name)
+      files.check_regular(path)
       try:
         with open(path, encoding="utf-8") as f:
           summary = json.load(f)

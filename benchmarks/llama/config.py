@@ -162,7 +162,11 @@ def validate(c: Config) -> None:
   if c.num_heads % c.num_kv_heads:
     raise UserError(f"--num_heads={c.num_heads} must be a multiple of --num_kv_heads="
                     f"{c.num_kv_heads} (each key/value head serves a group of query heads)")
-  require(c, ("base_learning_rate", "rope_theta"), positive, "must be positive")
+  require(c, ("base_learning_rate",), positive, "must be positive")
+  # Rotary frequencies are theta^(-2i/d) (Su et al. 2021, RoFormer, eq. 15): a base at or below
+  # 1 gives none that decay with the dimension, and a tiny one overflows to inf (NaN scores).
+  require(c, ("rope_theta",), lambda v: 1 < v < float("inf"),
+          "the rotary base must be above 1 (Llama 3.1: 500000)")
   require(c, ("end_learning_rate", "warmup_steps", "weight_decay", "gradient_clip_norm",
               "adam_epsilon"), non_negative, "must be >= 0")
   if c.warmup_steps >= c.max_steps:

@@ -79,19 +79,14 @@ def _batch(rows: np.ndarray) -> dict[str, np.ndarray]:
   return {"inputs": rows[:, :-1], "targets": rows[:, 1:]}
 
 
-def _check_ids(rows: np.ndarray, cfg, what: str) -> None:
-  top = int(rows.max()) if rows.size else 0
-  if top >= cfg.vocab_size or (rows.size and int(rows.min()) < 0):
-    raise UserError(f"{what} holds token id {top}, outside the model's --vocab_size="
-                    f"{cfg.vocab_size} (Llama 3.1's is 128,256)")
-
-
 def make(cfg, process_index: int = 0, process_count: int = 1) -> Data:
   folder = grammar_dataset(cfg) if cfg.dataset == "grammar" else cfg.data_dir
   if not os.path.isdir(folder):
     raise UserError(f"--data_dir={folder} does not exist")
   train_ds = indexed.read(os.path.join(folder, indexed.TRAIN))
   valid_ds = indexed.read(os.path.join(folder, indexed.VALIDATION))
+  for ds in (train_ds, valid_ds):       # every id, before run_start (once per file)
+    indexed.check_ids(ds, cfg.vocab_size)
   G = cfg.global_batch_size
   ge = cfg.eval_batch_size or G
   local, local_eval = G // process_count, ge // process_count
@@ -117,13 +112,11 @@ def make(cfg, process_index: int = 0, process_count: int = 1) -> Data:
                     f"{cfg.max_sequence_length} + 1 tokens, fewer than --eval_samples="
                     f"{cfg.eval_samples}")
   mine = valid.rows(process_indices(cfg.eval_samples, process_index, process_count))
-  _check_ids(mine, cfg, f"{valid_ds.prefix}.bin")
   eval_arrays = _batch(mine)
   eval_steps = num_steps(cfg.eval_samples, local_eval * process_count)
 
   def evaluate():
     return padded(array_batches(eval_arrays, local_eval), local_eval, eval_steps, eval_arrays)
 
-  _check_ids(rows0.rows(range(G)), cfg, f"{train_ds.prefix}.bin")
   return Data(f"c4 ({folder})" if cfg.dataset == "c4" else "grammar (C4's format)",
               steps * G, cfg.eval_samples, steps, eval_steps, train, evaluate, NAMES)

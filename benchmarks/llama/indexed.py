@@ -27,11 +27,14 @@ what is touched. `write` makes the same files (the tests' small datasets).
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import struct
+import tempfile
 
 import numpy as np
 
+from runtime import host
 from runtime.errors import UserError
 
 MAGIC = b"MMIDIDX\x00\x00"
@@ -98,6 +101,9 @@ def read(prefix: str) -> Indexed:
     pointers = np.frombuffer(f.read(8 * n), "<i8")
     documents = np.frombuffer(f.read(8 * d), "<i8")
   dtype = np.dtype(DTYPES[code]).newbyteorder("<")
+  if not np.issubdtype(dtype, np.integer):
+    raise _bad(idx, f"its tokens are {dtype.name} (dtype code {code}), and token ids are "
+                    f"integers (MLCommons' C4 holds int32, code 4)")
   if (lengths < 0).any():
     raise _bad(idx, "a sequence of negative length")
   expected = np.concatenate([[0], np.cumsum(lengths[:-1] * dtype.itemsize)]) if n else lengths
@@ -172,3 +178,68 @@ class Windows:
   def rows(self, ks) -> np.ndarray:
     return np.stack([self.row(int(k)) for k in ks]) if len(ks) else np.zeros(
         (0, self.length + 1), np.int32)
+
+
+# Token ids scanned per chunk by `check_ids`: 256 MiB of int32.
+_CHUNK = 1 << 26
+CHECKED = "token-ranges.json"      # in the cache: each .bin's smallest and largest id, by stamp
+
+
+def _stamp(path: str) -> str:
+  st = os.stat(path)
+  return f"{os.path.abspath(path)}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def _ranges() -> dict:
+  try:
+    with open(os.path.join(host.cache_root(), CHECKED)) as f:
+      known = json.load(f)
+    return known if isinstance(known, dict) else {}
+  except (OSError, ValueError):
+    return {}
+
+
+def _remember(stamp: str, lo: int, hi: int) -> None:
+  """Adds a file's id range to the cache (written whole, then renamed); a cache that cannot be
+  written is left as it is: the next run scans again."""
+  known = {**_ranges(), stamp: [lo, hi]}
+  folder = host.cache_root()
+  try:
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{CHECKED}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+      json.dump(known, f)
+    os.replace(tmp, os.path.join(folder, CHECKED))
+  except OSError:
+    pass
+
+
+def check_ids(ds: Indexed, vocab_size: int, say=print) -> None:
+  """Every token id of the dataset in [0, vocab_size), or a UserError naming the file, the
+  first id outside and its document: an id past the embedding table is read as garbage (XLA
+  clamps a gather's index) or NaN, and the run would end as diverged far from the cause. The
+  whole .bin is scanned once per file (its range kept in the cache under its path, size and
+  modification time), with a progress line for large files."""
+  path = f"{ds.prefix}.bin"
+  stamp = _stamp(path)
+  known = _ranges().get(stamp)
+  if isinstance(known, list) and len(known) == 2 and 0 <= known[0] and known[1] < vocab_size:
+    return
+  n = len(ds.tokens)
+  if n > 4 * _CHUNK:
+    say(f"checking the {n:,} token ids of {path} against --vocab_size={vocab_size:,} (once per "
+        f"file)")
+  lo, hi = 0, 0
+  for at in range(0, n, _CHUNK):
+    chunk = np.asarray(ds.tokens[at:at + _CHUNK])
+    c_lo, c_hi = int(chunk.min()), int(chunk.max())
+    if c_lo < 0 or c_hi >= vocab_size:
+      i = at + int(np.argmax((chunk < 0) | (chunk >= vocab_size)))
+      document = int(np.searchsorted(ds.starts, i, side="right")) - 1
+      raise UserError(f"{path}: token {i:,} (document {document:,}) is id {int(ds.tokens[i])}, "
+                      f"outside the model's --vocab_size={vocab_size:,} (ids 0 to "
+                      f"{vocab_size - 1:,}; Llama 3.1's vocabulary is 128,256): the file is "
+                      f"damaged or of another tokenizer")
+    lo, hi = (c_lo, c_hi) if at == 0 else (min(lo, c_lo), max(hi, c_hi))
+  if n:
+    _remember(stamp, lo, hi)

@@ -41,6 +41,7 @@ from harness.options import flag
 from harness.run import Run
 from harness.train import throughput_of
 from mesh.spec import parse_mesh
+from runtime import errors
 from runtime.errors import UserError
 from stepmodel import accelerators
 
@@ -188,7 +189,8 @@ def _refit(cfg, tool: ThroughputOptions, devices):
 def _all(argv: list[str]) -> int:
   """Each benchmark that has the preset, one process each (a GPU's memory is the next one's),
   in turn; their figures together in throughput.json. A benchmark that fails is reported and
-  the others still run; the status is the first failure's."""
+  the others still run; the status is the first failure's. Bad input (status 2) ends the
+  command at once: the child's one error line is the command's."""
   preset = flags_lib.flag_value(argv, "config")
   names = [n for n, e in BENCHMARKS.items() if preset in accelerators.SYSTEMS
            and preset in e.config().PRESETS]
@@ -210,6 +212,8 @@ def _all(argv: list[str]) -> int:
     code = subprocess.run([sys.executable, "-m", "tools.perf.synthetic", name, *rest,
                            f"--output_dir={out_dir}"], check=False).returncode
     path = os.path.join(out_dir, f"throughput-{name}.json")
+    if code == errors.EXIT_BAD_INPUT:      # its one error line is the command's: said once
+      return code
     if code == 0:
       if os.path.exists(path):             # process 0 writes it; the other hosts do not
         with open(path) as f:

@@ -60,6 +60,15 @@ class DryrunOptions:
   ruleset: str | None = flag(None, "The MLPerf training ruleset to check against (default: the "
                              "newest the benchmark declares).")
 
+  def check(self, o, given) -> None:
+    """Before jax starts: no flag of a run that trains; an --output_dir of the dry run's own."""
+    run_only = [f for f in RUN_ONLY if f in given]
+    if run_only:
+      raise UserError(f"--{run_only[0]} is a flag of a run that trains; a dry run trains "
+                      f"nothing: drop it")
+    if o.output_dir:
+      check_folder(o.output_dir)
+
 
 def _argv_with_slice(argv: list[str]) -> list[str]:
   """A TPU preset compiles for its own slice unless --topology names another."""
@@ -159,6 +168,28 @@ def _rcp_notes(lookup, cfg, records: dict) -> list[str]:
   return notes
 
 
+# The files a dry run writes in its --output_dir; a folder holding anything else is a run's (a
+# log, summary.json, checkpoints) or another tool's, and a dry run never writes there.
+WRITES = ("result_0.txt", "dryrun.json")
+# Flags of a run that trains: a dry run trains nothing, so it has nothing to resume, repeat or
+# checkpoint.
+RUN_ONLY = ("resume", "num_runs", "checkpoint_every")
+
+
+def check_folder(out: str) -> None:
+  """UserError unless `out` is new, empty, or a dry run's own folder (its two files)."""
+  if not os.path.isdir(out):
+    return
+  have = sorted(os.listdir(out))
+  others = [n for n in have if n not in WRITES]
+  if others or (have and "dryrun.json" not in have):
+    shown = others or have
+    raise UserError(f"--output_dir={out} holds {', '.join(shown[:3])}"
+                    f"{' ...' if len(shown) > 3 else ''}, not a dry run's files: a dry run "
+                    f"writes its log and dryrun.json to a folder of its own, never where a run's "
+                    f"log is; choose another --output_dir")
+
+
 def run(run: Run, say=print) -> dict[str, Any]:
   """The dry run of `run` (`harness.cli.setup` with `DryrunOptions`); returns the report."""
   name, cfg, o, spec = run.name, run.cfg, run.options, run.spec
@@ -171,6 +202,7 @@ def run(run: Run, say=print) -> dict[str, Any]:
   o = run.options
   stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
   out = o.output_dir or os.path.join("runs", name, f"dryrun-{o.config}-{stamp}")
+  check_folder(out)
   devs = run.devices
   where = o.topology or f"{len(devs)} {devs[0].platform} device(s)"
   say(f"dryrun {name} --config={o.config} on {where}: {division} division, ruleset {ruleset}")

@@ -29,6 +29,7 @@ import sys
 from benchmarks import config as config_lib
 from benchmarks.data import check_split
 from harness import cli
+from runtime import files
 from runtime.errors import UserError
 from tools.prepare import shards
 
@@ -96,8 +97,14 @@ def _prepared(name: str, final: str) -> bool:
   info = os.path.join(final, "dataset_info.json")
   if not os.path.exists(info):
     return False
-  with open(info, encoding="utf-8") as f:
-    splits = [sp.get("name") for sp in json.load(f).get("splits", [])]
+  files.check_regular(info)
+  try:
+    with open(info, encoding="utf-8") as f:
+      splits = [sp.get("name") for sp in json.load(f).get("splits", [])]
+  except (OSError, ValueError, AttributeError, TypeError) as e:
+    raise UserError(f"{info} is not a readable dataset_info.json ({type(e).__name__}): the "
+                    f"folder is damaged; remove {final}, then run the same command again"
+                    ) from None
   for split in splits:
     check_split(info, split, name, f"./run.sh prepare (after removing {final})")
   return True

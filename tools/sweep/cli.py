@@ -41,6 +41,10 @@ class SweepOptions:
     for flag_name, instead in NOT_FOR_SWEEPS.items():
       if flag_name in given:
         raise UserError(f"--{flag_name} is not a sweep's flag: {instead}")
+    if "layouts" in given and not (self.layouts or "").strip():
+      raise UserError("--layouts= is blank (an empty shell variable?): name the placements, "
+                      "e.g. --layouts='batch:data|x:4,y:2@batch:x+y', or leave the flag out to "
+                      "sweep --mesh and --layout")
     self.sweep(o).check()
 
 
