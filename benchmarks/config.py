@@ -75,12 +75,43 @@ DROPOUT_RNG = ("threefry", "rbg")
 # `dot_product_attention` casts the logits to float32 only under float16 activations
 # (`common_attention.maybe_upcast`), so with bfloat16 ones its softmax ran in bfloat16.
 SOFTMAX = ("float32", "compute")
+def _kind(value: Any) -> str | None:
+  """What a config value is, as overrides must match it: None for a field without a value."""
+  if value is None:
+    return None
+  for kind, types in (("true or false", bool), ("an integer", int), ("a number", float),
+                      ("a string", str), ("a list", tuple)):
+    if isinstance(value, types):
+      return kind
+  return type(value).__name__
+
+
+def _fits(value: Any, kind: str | None) -> bool:
+  if kind is None:
+    return isinstance(value, (str, int, float)) or value is None
+  if isinstance(value, bool):
+    return kind == "true or false"
+  if kind == "a number":
+    return isinstance(value, (int, float))
+  if kind == "a list":          # of numbers or strings, or of such lists (SSD's aspect ratios)
+    return isinstance(value, tuple) and all(
+        _fits(v, "a list") if isinstance(v, tuple) else
+        isinstance(v, (int, float, str)) and not isinstance(v, bool) for v in value)
+  return _kind(value) == kind
+
+
 def replace(config: Any, overrides: dict[str, Any]) -> Any:
-  """A copy of `config` with the given fields replaced (unknown names are an error)."""
+  """A copy of `config` with the given fields replaced: unknown names and values of another
+  kind than the field's (a string for an integer, a list for a number) are errors, named."""
   names = {f.name for f in dataclasses.fields(config)}
   unknown = sorted(set(overrides) - names)
   if unknown:
     raise UserError(f"unknown config field(s) {', '.join(unknown)}")
+  for name, value in overrides.items():
+    kind = _kind(getattr(config, name))
+    if not _fits(value, kind):
+      raise UserError(f"config field {name}: {value!r} is not {kind or 'a value'} (the preset "
+                      f"has {getattr(config, name)!r})")
   return dataclasses.replace(config, **overrides)
 
 

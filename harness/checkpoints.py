@@ -33,7 +33,6 @@ import numpy as np
 
 from runtime.errors import CheckpointFailed, UserError
 
-
 # What a checkpoint's metadata must match for a resumed run to see the same batches.
 POSITION = ("seed", "global_batch_size", "num_train", "steps_per_epoch")
 

@@ -80,6 +80,8 @@ def _check_options(name: str, o: RunOptions) -> None:
       raise UserError(f"--{flag}={getattr(o, flag)}: seconds, >= 0")
   _check_num_runs(o)
   config_lib.check_writable("--output_dir", o.output_dir or os.path.join("runs", name))
+  if o.compile_cache and (o.compile_only or o.topology or os.path.exists(o.compile_cache)):
+    config_lib.check_writable("--compile_cache", o.compile_cache)
   # Tokenizers, generated datasets and the CPU's measured peak are kept there.
   config_lib.check_writable("MESHPERF_CACHE", host.cache_root())
 

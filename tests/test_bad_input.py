@@ -256,10 +256,17 @@ def inputs(tmp_path_factory, coco, imagenet_dir):
   for name, change in (("bert", {"benchmark": "bert"}), ("topology", {"topology": "v9:4x4"}),
                        ("batch", {"global_batch_size": 100}), ("mesh", {"mesh": "x:8,y:8"}),
                        ("steps", {"train_steps": None}), ("field", {"overrides": {"bogus": 1}}),
-                       ("dimension", {"overrides": {"layout": "bacth:x+y"}})):
+                       ("dimension", {"overrides": {"layout": "bacth:x+y"}}),
+                       ("mesh_type", {"mesh": 5}), ("batch_type", {"global_batch_size": "big"}),
+                       ("measured_type", {"measured": [1]}), ("source_type", {"source": 5}),
+                       ("facts_type", {"facts": "x"}),
+                       ("width_type", {"overrides": {"model_width": "wide"}})):
     bad = {k: v for k, v in {**point, **change}.items() if v is not None}
     (root / f"points_{name}.json").write_text(json.dumps({"points": [bad]}))
     d[f"points_{name}"] = str(root / f"points_{name}.json")
+  (root / "points_latin1.json").write_bytes(json.dumps({"points": [{**point, "notes": "\u00fc"}]},
+                                                       ensure_ascii=False).encode("latin-1"))
+  d["points_latin1"] = str(root / "points_latin1.json")
   # A finished run's folder (its log and summary), and files that are FIFOs: a reader that
   # opened one would wait for a writer forever.
   whole = "\n".join([_mllog("submission_benchmark", "resnet"), _mllog("run_start", None, 2),
@@ -442,6 +449,17 @@ CASES = [
     ("scale", ["all", "--points={points_steps}"], "missing train_steps (a point needs"),
     ("scale", ["all", "--points={points_field}"], "point p: unknown config field(s) bogus"),
     ("scale", ["all", "--fit", "--fit_on=2048"], "--fit_on=2048: no chosen point has these"),
+    ("scale", ["all", "--points={points_mesh_type}"], "point 1: 'mesh' is 5, expected a string"),
+    ("scale", ["all", "--points={points_batch_type}"],
+     "point p: config field global_batch_size: 'big' is not an integer"),
+    ("scale", ["all", "--points={points_measured_type}"],
+     "point 1: 'measured' is [1], expected a JSON object"),
+    ("scale", ["all", "--points={points_source_type}"], "point 1: 'source' is 5, expected a list"),
+    ("scale", ["all", "--points={points_facts_type}"],
+     "point 1: 'facts' is 'x', expected a JSON object"),
+    ("scale", ["all", "--points={points_width_type}"],
+     "point p: config field model_width: 'wide' is not an integer"),
+    ("scale", ["all", "--points={points_latin1}"], "not UTF-8 text (byte"),
     ("main", ["resnet", "--config=tiny", "--coordinator_address=auto"],
      "--coordinator_address=auto: jax found no cluster to join here"),
     ("main", ["resnet", "--output_dir=gs://bucket/runs"],
@@ -619,6 +637,8 @@ CASES = [
     ("throughput", ["all", "--config=gpu-8xh100", "--steps=0"],
      "--steps=0: timed steps, at least 1"),
     ("sweep", ["resnet", "--layouts="], "--layouts= is blank"),
+    ("main", ["resnet", "--compile_only", "--compile_cache={text_file}"],
+     "--compile_cache={text_file} is a file; name a folder"),
 ]
 
 

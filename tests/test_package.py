@@ -159,11 +159,13 @@ DAMAGED_SUMMARIES = [
     ('{"benchmark": "resnet"}', "(it lacks mlperf_benchmark, config, devices, platform, "
                                 "processes, jax_version or has them of another type)"),
     (None, "summary.json is the summary of a ssd run, but result_0.txt logs resnet"),
+    ("no batch", "(it lacks config.global_batch_size or has them of another type)"),
 ]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("text,needle", DAMAGED_SUMMARIES, ids=["cut", "list", "fields", "ssd"])
+@pytest.mark.parametrize("text,needle", DAMAGED_SUMMARIES,
+                         ids=["cut", "list", "fields", "ssd", "no_batch"])
 def test_a_damaged_or_foreign_summary_is_refused_in_one_line(series, tmp_path, text, needle):
   out, _ = series
   folder = tmp_path / "runs"
@@ -171,6 +173,10 @@ def test_a_damaged_or_foreign_summary_is_refused_in_one_line(series, tmp_path, t
   if text is None:                   # another benchmark's summary beside resnet's log
     s = json.loads((folder / "summary.json").read_text())
     text = json.dumps({**s, "benchmark": "ssd", "mlperf_benchmark": "ssd"})
+  elif text == "no batch":           # the RCP check reads the batch: refused before writing
+    s = json.loads((folder / "summary.json").read_text())
+    text = json.dumps({**s, "config": {k: v for k, v in s["config"].items()
+                                       if k != "global_batch_size"}})
   (folder / "summary.json").write_text(text)
   p = _package(folder, f"--output_dir={tmp_path / 'pkg'}")
   errors = [line for line in p.stderr.splitlines() if line.startswith("error: ")]

@@ -16,7 +16,7 @@ from logs import compliance
 from runtime.errors import UserError
 from tests.helpers import tiny_resnet
 from tools import check
-from tools.sweep import grid, measure
+from tools.sweep import grid, measure, state
 from tools.sweep import run as sweep
 
 GRID = "weight_update_sharding,distributed_eval"
@@ -113,6 +113,23 @@ def test_a_folder_of_another_sweep_is_refused(timed):
                                       r"here\); rerun it as it was run"):
     _sweep(out, dataclasses.replace(s, steps=2))
   assert {p: (out / p).read_bytes() for p in os.listdir(out)} == before
+
+
+def test_an_edited_record_is_one_line_and_a_cut_one_is_redone(tmp_path):
+  """sweep.jsonl read back: a last line cut short by a kill is dropped (redone); a whole line
+  that is no record a sweep wrote (an edit) is refused, naming the line, not a traceback."""
+  settings = {"benchmark": "resnet", "steps": 0}
+  first = state.State(str(tmp_path), settings)
+  first.start("the command")
+  first.add({"variant": "none", "status": "ok"})
+  path = tmp_path / "sweep.jsonl"
+  whole = path.read_text()
+  path.write_text(whole + '{"record": {"variant": "al')
+  assert [r["variant"] for r in state.State(str(tmp_path), settings).records] == ["none"]
+  path.write_text(whole + json.dumps({"record": 5}) + "\n")
+  with pytest.raises(UserError, match=r"sweep.jsonl: line 3 is not a record a sweep wrote "
+                                      r"\(\{\"record\": 5\}\): the file was edited"):
+    state.State(str(tmp_path), settings)
 
 
 def test_grid_sets_layouts_and_skips():

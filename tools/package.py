@@ -87,6 +87,10 @@ def _check_summary(summary, path: str, log: str, logged_benchmark: str | None) -
   fields the package reads, of their types, and the benchmark the log names."""
   bad = ([] if not isinstance(summary, dict) else
          [k for k, t in SUMMARY_FIELDS.items() if not isinstance(summary.get(k), t)])
+  batch = summary["config"].get("global_batch_size") if isinstance(summary, dict) and not bad \
+      else None
+  if isinstance(summary, dict) and not bad and not (isinstance(batch, int) and batch > 0):
+    bad = ["config.global_batch_size"]     # the RCP check reads it
   if not isinstance(summary, dict) or bad:
     what = (f"lacks {', '.join(bad)} or has them of another type" if bad else
             f"is a JSON {type(summary).__name__}, not an object")

@@ -39,6 +39,7 @@ from typing import Any
 from benchmarks import config as config_lib
 from benchmarks import registry
 from harness import run as runs
+from runtime import files
 from runtime.errors import UserError
 from stepmodel import topology
 
@@ -102,6 +103,14 @@ def parse_point(raw: Any, where: str) -> Point:
   if unknown:
     raise UserError(f"{where}: unknown key(s) {', '.join(unknown)}; a point's keys are "
                     f"{', '.join(sorted(_KNOWN))}")
+  for key, kind in (("name", str), ("benchmark", str), ("preset", str), ("topology", str),
+                    ("mesh", str), ("notes", str), ("measured", dict), ("facts", dict),
+                    ("source", list)):
+    if key in raw and not isinstance(raw[key], kind):
+      raise UserError(f"{where}: '{key}' is {raw[key]!r}, expected "
+                      f"{ {str: 'a string', dict: 'a JSON object', list: 'a list'}[kind] }")
+  if not all(isinstance(s, str) for s in raw.get("source", [])):
+    raise UserError(f"{where}: 'source' is a list of strings (links)")
   where = f"{where} ({raw['name']})"
   overrides = raw.get("overrides", {})
   if not isinstance(overrides, dict):
@@ -134,6 +143,7 @@ def parse_point(raw: Any, where: str) -> Point:
 
 def load(path: str = DEFAULT) -> list[Point]:
   """The points of a file, each checked (`check`); a UserError names what is wrong."""
+  files.check_regular(path, "--points=")
   try:
     with open(path, encoding="utf-8") as f:
       doc = json.load(f)
@@ -144,6 +154,9 @@ def load(path: str = DEFAULT) -> list[Point]:
   except json.JSONDecodeError as e:
     raise UserError(f"--points={path}: not JSON ({e.msg} at line {e.lineno} column "
                     f"{e.colno})") from None
+  except UnicodeDecodeError as e:
+    raise UserError(f"--points={path}: not UTF-8 text (byte {e.start} is 0x{e.object[e.start]:02x}"
+                    f"); JSON files are UTF-8") from None
   raw = doc.get("points") if isinstance(doc, dict) else None
   if not isinstance(raw, list) or not raw:
     raise UserError(f"--points={path}: expected {{\"points\": [...]}} with at least one point")

@@ -58,19 +58,27 @@ class State:
     try:
       head = json.loads(lines[0])["sweep"]
     except (ValueError, KeyError, TypeError):
+      head = None
+    if not isinstance(head, dict):
       raise UserError(f"{self.path}: its first line is not a sweep's settings; choose a new "
-                      f"--output_dir") from None
+                      f"--output_dir")
     diff = _differences(head, self.settings)
     if diff:
       raise UserError(f"--output_dir={self.output_dir} holds a sweep with other settings "
                       f"({'; '.join(diff[:3])}); rerun it as it was run (its command is in "
                       f"{STATE}) or choose another --output_dir")
     good = len(lines[0]) + 1
-    for line in lines[1:]:
+    for n, line in enumerate(lines[1:], 2):
       try:
-        self.records.append(json.loads(line)["record"])
+        record = json.loads(line)["record"]
       except (ValueError, KeyError, TypeError):
         break           # a line cut short by a killed process: it and what follows are redone
+      if not (isinstance(record, dict) and isinstance(record.get("variant"), str)
+              and isinstance(record.get("status"), str)):
+        raise UserError(f"{self.path}: line {n} is not a record a sweep wrote "
+                        f"({line[:60].decode(errors='replace')}): the file was edited; mend or "
+                        f"remove that line, or choose a new --output_dir")
+      self.records.append(record)
       good += len(line) + 1
     self._valid_bytes = min(good, len(data))
 
