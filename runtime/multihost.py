@@ -323,6 +323,20 @@ def _mark_failed(status: int, why: str = "", wait: bool = True) -> None:
 _FAST_EXIT = (EXIT_CRASHED, EXIT_PEER_LOST)
 
 
+EXIT_JOIN_S = 10.0   # how long an ending waits for the threads still running to finish
+
+
+def _stuck_threads(wait_s: float) -> list[threading.Thread]:
+  """The non-daemon threads still alive after waiting up to `wait_s` for them all."""
+  deadline = time.monotonic() + wait_s
+  others = [t for t in threading.enumerate()
+            if t is not threading.current_thread() and not t.daemon]
+  for t in others:
+    # threading.Thread's own join: a subclass's may raise on a timeout (orbax's does).
+    threading.Thread.join(t, max(0.0, deadline - time.monotonic()))
+  return [t for t in others if t.is_alive()]
+
+
 def exit_process(code: int, why: str = ""):
   """Ends the process with status `code` (`harness.cli.run_main` ends here).
 
@@ -331,8 +345,18 @@ def exit_process(code: int, why: str = ""):
   end at once (status 6, naming it) instead of waiting on it in a collective, and it skips
   jax's shutdown barrier, which would wait for them and then abort from C++. Every other
   status is an end all processes reach together (done, epoch limit, bad input, divergence,
-  preemption, a failed checkpoint): a normal exit through the barrier."""
+  preemption, a failed checkpoint): a normal exit through the barrier, which does not wait
+  more than EXIT_JOIN_S for threads that are still running."""
   if not _WATCH or code not in _FAST_EXIT:
+    if _stuck_threads(EXIT_JOIN_S):
+      # Python joins every non-daemon thread before it exits; a library's thread that waits
+      # for what will never come (orbax's commit threads after a checkpoint that could not be
+      # written wait on signals forever) would hold the process. The exit handlers (jax's
+      # shutdown barrier among them) still run; the threads do not.
+      sys.stdout.flush()
+      sys.stderr.flush()
+      atexit._run_exitfuncs()
+      os._exit(code)
     sys.exit(code)
   sys.stdout.flush()
   _last_words_said()

@@ -254,11 +254,13 @@ def _cut(name):
     (["--max_epochs=1"], None, f"the checkpoint of step {2 * STEPS_PER_EPOCH} in {{out}}"
      f"/checkpoints is at epoch 2, and this run ends at step {STEPS_PER_EPOCH} (--max_epochs=1): "
      f"nothing is left to train"),
-    (["--max_epochs=4"], _cut("_CHECKPOINT_METADATA"), f"the metadata of the checkpoint of step "
-     f"{2 * STEPS_PER_EPOCH} in {{out}}/checkpoints lacks its position (seed, global_batch_size, "
-     f"num_train, steps_per_epoch): it is damaged"),
-    (["--max_epochs=4"], _cut("default/_METADATA"), f"the metadata of the checkpoint of step "
-     f"{2 * STEPS_PER_EPOCH} in {{out}}/checkpoints cannot be read (JSONDecodeError"),
+    pytest.param(["--max_epochs=4"], _cut("_CHECKPOINT_METADATA"),
+                 f"the metadata of the checkpoint of step {2 * STEPS_PER_EPOCH} in {{out}}"
+                 f"/checkpoints lacks its position (seed, global_batch_size, num_train, "
+                 f"steps_per_epoch): it is damaged", marks=pytest.mark.slow),
+    pytest.param(["--max_epochs=4"], _cut("default/_METADATA"),
+                 f"the metadata of the checkpoint of step {2 * STEPS_PER_EPOCH} in {{out}}"
+                 f"/checkpoints cannot be read (JSONDecodeError", marks=pytest.mark.slow),
 ], ids=["model_shape", "max_epochs_below_the_checkpoint", "cut_checkpoint_metadata",
         "cut_tree_metadata"])
 def test_a_resume_that_cannot_continue_is_bad_input(baseline, tmp_path, flags, damage, needle):
@@ -487,6 +489,40 @@ def test_time_lost_to_interruptions_is_read_from_the_logs(tmp_path):
       "time lost to 2 interruptions: 95.0 s of 200.0 s from the first init_start to the end of "
       "the last attempt (training redone 30.0 s, restarting 35.0 s, down 30.0 s): goodput 53%")
   assert resumed.time_lost(str(tmp_path / "result_0.resume-1.txt")) is None
+
+
+def _read_only(folder):
+  """`folder` takes no new entry: permission bits for a normal user; for root, who ignores
+  them, the immutable attribute (chattr +i, ext4 and most Linux file systems). Returns the
+  undo."""
+  if os.geteuid() != 0:
+    folder.chmod(0o500)
+    return lambda: folder.chmod(0o700)
+  if subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode != 0:
+    pytest.skip("chattr +i is refused here: no way for root to make a folder read-only")
+  return lambda: subprocess.run(["chattr", "-i", str(folder)], check=True)
+
+
+@pytest.mark.slow
+def test_a_read_only_checkpoint_folder_on_resume_ends_with_status_7(baseline, tmp_path):
+  """A resumed run whose checkpoints/ takes no new checkpoint: one line, status 7, and the
+  process ends (orbax's commit threads wait forever for the folder it could not make; the
+  exit does not wait for them, nor print their never-awaited coroutines)."""
+  out = tmp_path / "killed"
+  shutil.copytree(baseline[0], out)
+  os.remove(out / "summary.json")
+  undo = _read_only(out / "checkpoints")
+  try:
+    p = subprocess.run([sys.executable, "-m", "harness.main", *TINY, "--max_epochs=3",
+                        f"--output_dir={out}", "--resume"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300, check=False)
+  finally:
+    undo()
+  assert p.returncode == 7, p.stderr[-3000:]
+  lines = [line for line in p.stderr.splitlines() if line.strip()]
+  assert len(lines) == 1 and lines[0].startswith(
+      f"error: could not write the checkpoint of step {3 * STEPS_PER_EPOCH} to "), p.stderr
+  assert f"the checkpoint of step {2 * STEPS_PER_EPOCH} is whole" in lines[0]
 
 
 @pytest.mark.slow

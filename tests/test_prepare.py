@@ -306,3 +306,52 @@ def test_disk_space_is_checked_first(tmp_path, monkeypatch):
   monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10**6, 10**6 - 100, 100))
   with pytest.raises(UserError, match="needs about"):
     cli.main(["prepare", "imagenet", f"--from={src}", f"--data_dir={tmp_path / 'out'}"])
+
+
+def _marked(mark: str) -> list[int]:
+  """The processes whose environment holds `mark` (a child inherits its parent's)."""
+  pids = []
+  for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+      with open(f"/proc/{pid}/environ", "rb") as f:
+        if mark.encode() in f.read():
+          pids.append(int(pid))
+    except OSError:
+      continue
+  return pids
+
+
+def test_a_killed_preparation_leaves_no_process(tmp_path):
+  """SIGKILL of `./run.sh prepare` while its workers run: none of them, nor multiprocessing's
+  resource tracker, outlives it (the kernel ends them: prctl PR_SET_PDEATHSIG)."""
+  import signal
+  import subprocess
+  import sys
+  import time
+  import uuid
+  src = tmp_path / "downloads"
+  src.mkdir()
+  downloads.imagenet_tars(src, np.random.default_rng(5), val_images=2)
+  mark = f"MESHPERF_TEST_MARK={uuid.uuid4().hex}"
+  env = {**os.environ, mark.split("=")[0]: mark.split("=")[1]}
+  p = subprocess.Popen([sys.executable, "-m", "tools.prepare.cli", "imagenet", f"--from={src}",
+                        f"--data_dir={tmp_path / 'out'}", "--workers=1", "--subset"],
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), env=env,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  try:
+    deadline = time.monotonic() + 120
+    while len(_marked(mark)) < 2 and time.monotonic() < deadline and p.poll() is None:
+      time.sleep(0.05)                     # until a worker (or the tracker) has started
+    assert p.poll() is None and len(_marked(mark)) >= 2, "no worker started"
+    time.sleep(1.0)                        # the worker past its start
+    p.send_signal(signal.SIGKILL)
+    p.wait(timeout=30)
+    deadline = time.monotonic() + 15
+    while _marked(mark) and time.monotonic() < deadline:
+      time.sleep(0.1)
+    left = _marked(mark)
+  finally:
+    for pid in _marked(mark):
+      os.kill(pid, signal.SIGKILL)
+  assert left == [], [open(f"/proc/{pid}/cmdline").read() for pid in left if os.path.exists(
+      f"/proc/{pid}")]
