@@ -23,6 +23,7 @@ import re
 import tarfile
 from typing import Iterator
 
+from runtime import files
 from runtime.errors import UserError
 from tools.prepare import archives
 from tools.prepare.shards import Shard, ShardError, split_evenly
@@ -52,6 +53,7 @@ def val_labels(path: str | None) -> dict[int, str]:
     import tensorflow_datasets as tfds
     path = os.path.join(os.path.dirname(tfds.__file__), "datasets", "imagenet2012",
                         "validation_labels.txt")
+  files.check_regular(path, "--val_labels=")
   try:
     with open(path, encoding="utf-8") as f:
       text = f.read()

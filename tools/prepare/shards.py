@@ -75,7 +75,14 @@ def builder(name: str, data_dir: str):
   if name.startswith("wmt"):
     import tensorflow_datasets.translate  # noqa: F401  (registers the translation builders)
   with tfds_temp_folders_removed():
-    return tfds.builder(name, data_dir=data_dir, file_format="array_record")
+    try:
+      return tfds.builder(name, data_dir=data_dir, file_format="array_record")
+    except Exception as e:            # tfds raises what its readers raise (JSON, protobuf, IO)
+      first = (str(e).strip().splitlines() or [""])[-1][:200]
+      folder = os.path.join(data_dir, name.split("/")[0])
+      raise UserError(f"{folder} is damaged: tensorflow-datasets cannot open {name} there "
+                      f"({type(e).__name__}: {first}); remove {folder}, then run the same "
+                      f"command again") from None
 
 
 def _template(builder, split: str, folder: str):
