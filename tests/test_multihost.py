@@ -90,9 +90,10 @@ def _read(out, name):
 def _ours(text):
   """The lines of a run's stdout but gloo's own: its C++ prints each connection ("[Gloo] Rank 6
   is connected to 7 peer ranks. Expected number of connected peer ranks is : 7") from several
-  threads, whose writes can cut into one another's lines (CI saw both halves apart)."""
+  threads, whose writes can cut into one another's lines (CI saw both halves apart, and a
+  suite here a blank line left between them)."""
   return [line for line in text.splitlines()
-          if "[Gloo]" not in line and "peer ranks" not in line]
+          if line.strip() and "[Gloo]" not in line and "peer ranks" not in line]
 
 
 def _wait_for(path, needle, procs, timeout):
