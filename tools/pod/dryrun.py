@@ -202,7 +202,6 @@ def run(run: Run, say=print) -> dict[str, Any]:
   o = run.options
   stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
   out = o.output_dir or os.path.join("runs", name, f"dryrun-{o.config}-{stamp}")
-  check_folder(out)
   devs = run.devices
   where = o.topology or f"{len(devs)} {devs[0].platform} device(s)"
   say(f"dryrun {name} --config={o.config} on {where}: {division} division, ruleset {ruleset}")
