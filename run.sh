@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # meshperf entry point.
 #   ./run.sh <benchmark> [--flag=value ...]   run a benchmark (resnet, transformer, ssd, lm, llama); --help lists its flags
-#   ./run.sh test [--quick|--pods] [pytest args]  the linter, then the test suite (8 simulated
-#                                             CPU devices); --quick: the fast tier (minutes); --pods:
-#                                             every TPU preset compiled for its slice (an hour)
+#   ./run.sh test [--quick|--pods|--gpu] [pytest args]  the linter, then the test suite (8
+#                                             simulated CPU devices); --quick: the fast tier (minutes);
+#                                             --pods: every TPU preset compiled for its slice (an hour);
+#                                             --gpu: every GPU preset compiled for its host (cuda12 extra)
 #   ./run.sh check PATH                       MLPerf compliance of a result_*.txt or a folder
 #   ./run.sh package <run folders> [--org=NAME --system=NAME]  an MLPerf submission package, checked and scored
 #   ./run.sh ablate <benchmark> [--flags]     each optimization on/off, side by side
 #   ./run.sh sweep <benchmark> [--flags]      optimizations and layouts swept: CSV, Markdown, plots
 #   ./run.sh install tpu|cuda12|cuda13        the JAX wheels of an accelerator (CPU-only until then)
 #   ./run.sh dryrun <benchmark> --config=PRESET [--topology=...]  an MLPerf dry run: compiled, logged, checked, RCPs; one verdict
-#   ./run.sh scale <benchmark>|all [--points=FILE]  TPU runs predicted from their compiled steps, beside measured
+#   ./run.sh scale <benchmark>|all [--points=FILE]  TPU and GPU runs predicted from their compiled steps, beside measured
 #   ./run.sh perf [--quick] [--flags]         step, loop, input, eval, scaling and compile speed (runs/perf/)
 #   ./run.sh throughput <benchmark>|all --config=PRESET  a hardware preset's step on synthetic data: examples/s, tokens/s, MFU
 #   ./run.sh prepare imagenet|coco|wmt14|lm1b --from=DIR --data_dir=DIR  a dataset from its official downloads
@@ -37,8 +38,10 @@ usage() {
   sed -n '2,/^# On first use/p' "$0" | sed 's/^# \{0,1\}//' >&2
 }
 
-# The `tpu` extra (libtpu): on first use of --topology, and for the tests that compile for TPU
-# slices. Both run on CPU-only machines (compile-only).
+# The `tpu` extra (libtpu): on first use of a TPU --topology, and for the tests that compile for
+# TPU slices. Both run on CPU-only machines (compile-only). The `cuda12` extra (3 GB) is never
+# installed unasked, except by `./run.sh test --gpu`: a GPU --topology without it is an error
+# line naming `./run.sh install cuda12`.
 install_extra() {
   local extra="$1" stamp="$VENV/.meshperf-$1"
   if [[ ! -f "$stamp" || pyproject.toml -nt "$stamp" ]]; then
@@ -48,9 +51,9 @@ install_extra() {
   fi
 }
 
-wants_topology() {
+wants_topology() {     # a TPU slice: --topology=v3:32x32 (GPU hosts are h100:8, ...)
   local a
-  for a in "$@"; do [[ "$a" == --topology* ]] && return 0; done
+  for a in "$@"; do [[ "$a" == --topology=v* ]] && return 0; done
   return 1
 }
 
@@ -71,11 +74,12 @@ case "$verb" in
   test)
     shift; bootstrap
     install_extra tpu || echo "run.sh: the tpu extra did not install; TPU compile tests skip" >&2
-    tier=(-m "not pod"); rest=()
+    tier=(-m "not pod and not gpu"); rest=()
     for a in "$@"; do
       case "$a" in
-        --quick) tier=(-m "not slow and not pod") ;;
+        --quick) tier=(-m "not slow and not pod and not gpu") ;;
         --pods) tier=(-m pod) ;;
+        --gpu) install_extra cuda12; tier=(-m gpu) ;;
         *) rest+=("$a") ;;
       esac
     done

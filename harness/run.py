@@ -61,7 +61,7 @@ class Run:
   layout: Layout                   # --layout as written
   plan: Plan                       # the optimizations' step plan; plan.layout is what runs
   devices: tuple                   # all devices of the run (a slice's compile-only ones)
-  topology: Topology | None = None   # --topology: the TPU slice compiled for
+  topology: Topology | None = None   # --topology: the TPU slice or GPU hosts compiled for
   process_index: int = 0
   process_count: int = 1
   tool: Any = None                 # a tool's own options (its flags), None for a run
@@ -110,6 +110,8 @@ def make(entry: Entry, cfg, devices=None, *, options: RunOptions | None = None,
   devices = tuple(devices if devices is not None else jax.devices())
   strings = strings or parse(entry, cfg)
   mesh = strings.mesh.resolve(len(devices))
+  if topology is not None:
+    topology_lib.check_divides(topology, mesh.axes)
   strings.layout.check_against(mesh)
   plan = optimizations.plan(strings.optimizations, strings.layout, mesh)
   plan.layout.check_against(mesh)
@@ -127,7 +129,8 @@ def local(name: str, cfg=None, **options) -> Run:
 
 
 def on_slice(entry: Entry, cfg, topology: str, **kw) -> Run:
-  """A run of `cfg` compiled for the TPU slice named `topology` (`stepmodel.topology`: its
-  compile-only devices, libtpu), e.g. a scale point or a tool's variant."""
+  """A run of `cfg` compiled for the TPU slice or GPU hosts named `topology`
+  (`stepmodel.topology`: their compile-only devices, libtpu or JAX's CUDA plugin), e.g. a scale
+  point or a tool's variant."""
   topo = topology_lib.parse(topology)
   return make(entry, cfg, topology_lib.devices(topo), topology=topo, **kw)

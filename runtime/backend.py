@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import glob
 import importlib.util
+import logging
 import os
 import re
 import subprocess
@@ -71,9 +72,32 @@ def check_fits(memory: dict, device, what: str) -> None:
       f"(--mesh, --layout)")
 
 
+class _PluginErrors(logging.Filter):
+  """Holds the configuration errors jax logs, with a traceback, for a plugin that cannot start:
+  JAX's CUDA plugin (the `cuda12` extra, which also compiles for GPUs on machines without one)
+  on a machine with no GPU it can use."""
+
+  def __init__(self):
+    super().__init__()
+    self.held: list[str] = []
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if not record.getMessage().startswith("Jax plugin configuration error"):
+      return True
+    err = record.exc_info[1] if record.exc_info else None
+    self.held.append(str(err).strip().splitlines()[-1] if err and str(err).strip()
+                     else record.getMessage())
+    return False
+
+
 def start_backend() -> None:
   """Starts jax's devices now, where a failure is the user's to fix: a JAX_PLATFORMS naming a
-  backend this machine lacks (jax raises a bare AssertionError, or a RuntimeError) is one line."""
+  backend this machine lacks (jax raises a bare AssertionError, or a RuntimeError) is one line.
+  A plugin that cannot start where nothing asked for it (the CUDA plugin on a machine without a
+  GPU) is one note line, not jax's traceback; the run goes on with the devices there are."""
+  plugins = _PluginErrors()
+  logger = logging.getLogger(xla_bridge.__name__)
+  logger.addFilter(plugins)
   try:
     jax.devices()
   except (RuntimeError, AssertionError) as e:
@@ -81,9 +105,16 @@ def start_backend() -> None:
     if not want:
       raise
     why = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}" if str(e) else "no such backend"
+    if plugins.held:
+      why = f"{why}; the plugin said: {plugins.held[0][:200]}"
     raise UserError(f"JAX_PLATFORMS={want}: jax cannot start that backend on this machine "
                     f"({why}); unset JAX_PLATFORMS to use the devices it has, or install the "
                     f"backend's JAX wheels (./run.sh install tpu|cuda12|cuda13)") from None
+  finally:
+    logger.removeFilter(plugins)
+  if plugins.held:
+    print(f"note: a JAX plugin did not start ({plugins.held[0][:200]}); running on "
+          f"{jax.devices()[0].platform}", file=sys.stderr)
 
 
 def check_env_xla_flags() -> None:

@@ -3,7 +3,8 @@ model and the hardware presets read.
 
 - `GENERATIONS`: the Cloud TPU generations, per chip and per JAX device, with the shape of their
   interconnect and the step-time model's fitted constants.
-- `GPUS`: NVIDIA GPUs, their dense bfloat16 peak (MFU).
+- `GPUS`: NVIDIA GPUs: their dense bfloat16 peak (MFU), and for those a `--topology` compiles
+  for, what XLA's GPU compiler reads of them (`target_config`) and their host's links.
 - `SYSTEMS`: the machines the benchmarks' hardware presets are made for (`--config=<name>`):
   a TPU slice by its topology, or a GPU host by its GPUs.
 - The compilers' flags the presets on each platform set (`TPU_ASYNC_COLLECTIVES`,
@@ -49,11 +50,14 @@ S_ASSUMED = "assumption of this module (no public figure): see the comment at th
 
 @dataclasses.dataclass(frozen=True)
 class Calibration:
-  """The step-time model's constants for one generation (`stepmodel.steptime`): at most three,
-  fitted on measured steps (`./run.sh scale --fit`) or left at their physical defaults."""
+  """The step-time model's constants for one TPU generation (`stepmodel.steptime`) or one GPU
+  (`stepmodel.gpu`): at most three, fitted on measured steps (`./run.sh scale --fit`) or left
+  at their physical defaults. A TPU's third is the ICI latency, a GPU's the tensor cores'
+  achieved fraction of their peak (the GPU points, on one GPU, have no collective to fit)."""
   kernel_overhead_s: float = 0.0     # fixed time of each kernel (launch, pipeline fill)
   hbm_efficiency: float = 1.0        # achieved fraction of the HBM bandwidth
   ici_latency_s: float | None = None  # per step of a ring collective (None: the generation's)
+  matrix_efficiency: float = 1.0     # GPUs: achieved fraction of the tensor cores' peak
   fitted_on: str = "nothing: the physical figures (no overhead, the full HBM bandwidth)"
   points: tuple[str, ...] = ()       # the names of the points it was fitted on
 
@@ -247,30 +251,152 @@ def wraparound(gen: Generation, chips: tuple[int, ...]) -> tuple[bool, ...]:
   return tuple(n > 1 and n == p for n, p in zip(chips, pod))
 
 
-# --- the peak of any JAX device, for model FLOPs utilization ------------------------------------
+# --- NVIDIA GPUs and their hosts ----------------------------------------------------------------
+
+S_H100 = ("NVIDIA H100 Tensor Core GPU datasheet (SXM5: 80 GB HBM3, 3.35 TB/s, 989 TFLOPS BF16 "
+          "dense, NVLink 900 GB/s) and the NVIDIA H100 Tensor Core GPU Architecture whitepaper "
+          "(132 SMs of 128 FP32 cores, 50 MB L2, 228 KB shared memory per SM, compute "
+          "capability 9.0)")
+S_H200 = ("NVIDIA H200 Tensor Core GPU datasheet (SXM: 141 GB HBM3e, 4.8 TB/s, 989 TFLOPS BF16 "
+          "dense, NVLink 900 GB/s); the H100's SMs, L2 and compute capability (the H200 is the "
+          "GH100 chip with larger, faster memory, same datasheet family)")
+S_B200 = ("NVIDIA HGX B200 / DGX B200 datasheets (per GPU: 180 GB HBM3e, 7.7 TB/s of the "
+          "HGX's 62 TB/s over 8, 2.25 PFLOPS FP16/BF16 dense, NVLink 5 1.8 TB/s); compute "
+          "capability 10.0 (CUDA C Programming Guide, compute capabilities table)")
+S_A100 = "NVIDIA A100 Tensor Core GPU datasheet (SXM 80 GB: 2,039 GB/s, 312 TFLOPS BF16 dense)"
+S_DGX = ("DGX H100 / DGX H200 / DGX B200 datasheets: 8 GPUs on NVSwitch, 8 single-port "
+         "ConnectX-7 400 Gb/s InfiniBand or Ethernet adapters for the compute network (one per "
+         "GPU: 50 GB/s per GPU per direction)")
+S_NCCL = ("NCCL's own cost model, NVIDIA/nccl src/graph/tuning.cc (baseLat, hwLat: ring, LL128 "
+          "protocol: 3.6 us per collective, 2.5 us per ring step on NVLink and on the network)")
+
 
 @dataclasses.dataclass(frozen=True)
 class Gpu:
-  """One NVIDIA GPU: how jax names it and its dense bfloat16 tensor-core FLOP/s (the datasheets
-  also give twice these "with sparsity", which dense training does not reach)."""
-  name: str
+  """One NVIDIA GPU: how jax names it, its peak, its memory, what XLA's GPU compiler reads of it
+  (a `GpuTargetConfig`: `target_config`), and the links of the 8-GPU host it comes in. The
+  datasheets also give twice the FLOP/s "with sparsity", which dense training does not reach."""
+  name: str                        # as in topology names (`h100:8`) and presets
   kind_pattern: str                # found in jax's device_kind, e.g. "NVIDIA H100 80GB HBM3"
-  peak_flops: float
+  peak_flops: float                # dense bfloat16 tensor-core FLOP/s
   source: str
+  device_kind: str = ""            # what the compile-only devices are named (device_kind)
+  memory_bytes: int = 0            # HBM as the datasheet gives it (NVIDIA's GB are GiB here)
+  usable_bytes: int = 0            # what CUDA leaves a program (the fit check's limit)
+  hbm_bytes_per_s: float = 0.0
+  sms: int = 0                     # streaming multiprocessors
+  fp32_per_sm: int = 128           # FP32 cores per SM (XLA's fpus_per_core)
+  clock_hz: float = 0.0            # the boost clock the tensor-core peak is quoted at
+  l2_bytes: int = 0
+  compute_capability: tuple[int, int] = (0, 0)
+  shared_per_sm: int = 233472      # 228 KB (Hopper and Blackwell: CUDA's compute-capability table)
+  shared_per_block_optin: int = 232448   # 227 KB a block may opt in to
+  nvlink_bytes_per_s: float = 0.0  # one direction, per GPU, to the host's NVSwitch
+  network_bytes_per_s: float = 0.0  # one direction, per GPU, between hosts
+  gpus_per_host: int = 8
+  nvlink_latency_s: float = 2.5e-6  # per ring step (S_NCCL)
+  network_latency_s: float = 2.5e-6
+  collective_latency_s: float = 3.6e-6   # per collective (S_NCCL)
+  sources: tuple[str, ...] = ()
+  calibration: Calibration = Calibration()
 
+  @property
+  def compiles(self) -> bool:
+    """Whether the table has what XLA's GPU compiler needs to compile for it (`--topology`)."""
+    return bool(self.sms and self.device_kind)
+
+
+# Usable memory. An H100 80 GB shows CUDA 84,929,347,584 of its 85,899,345,920 bytes (79.1 GiB;
+# the figure JAX's memory_stats gives there). No other GPU's figure was read on one: the others
+# are assumed to keep the same 970 MB back (`.ci/accelerator` saves the figure where it runs).
+_RESERVED = 80 * GiB - 84929347584
+
+# Fitted on the five train steps measured on one H200 (tools/pod/points/h200-2026-12-04.json):
+# `./run.sh scale all --points=tools/pod/points/h200-2026-12-04.json --fit
+# --fit_on=resnet-h200,ssd-h200,transformer-h200,lm-h200,llama-h200` (2026-12-05); each point's
+# error when it is left out of the fit is in docs/gpu.md. The H100 borrows them (the same SMs,
+# a slower HBM whose achieved fraction is assumed the same); the B200 too, untested.
+_H200_FIT = Calibration(
+    kernel_overhead_s=9.38e-6, hbm_efficiency=0.715, matrix_efficiency=0.788,
+    fitted_on="the five steps measured on one H200, 2026-12-04 (MAPE 4.1%)",
+    points=("resnet-h200", "ssd-h200", "transformer-h200", "lm-h200", "llama-h200"))
+_BORROWED = dataclasses.replace(
+    _H200_FIT, points=(), fitted_on="the H200's constants, borrowed: never fitted on this GPU")
 
 # The first whose pattern is found in a device_kind wins.
 GPUS = (
-    Gpu("B200", "B200", 2.25e15, "NVIDIA HGX B200 datasheet: 2.25 PFLOPS FP16/BF16 dense per GPU"),
-    Gpu("H200", "H200", 989e12, "NVIDIA H200 datasheet: 989 TFLOPS BF16 dense (SXM)"),
-    Gpu("H100 PCIe", "H100 PCIe", 756e12, "NVIDIA H100 datasheet: 756 TFLOPS BF16 dense (PCIe)"),
-    Gpu("H100", "H100", 989e12, "NVIDIA H100 datasheet: 989 TFLOPS BF16 dense (SXM)"),
-    Gpu("A100", "A100", 312e12, "NVIDIA A100 datasheet: 312 TFLOPS BF16 dense"),
+    Gpu("b200", "B200", 2.25e15, S_B200, device_kind="NVIDIA B200",
+        memory_bytes=180 * GiB, usable_bytes=180 * GiB - _RESERVED, hbm_bytes_per_s=7.7e12,
+        # 148 SMs: two dies of 74 (not in the datasheets; NVIDIA's Blackwell tuning guide lists
+        # the B200's SM count, assumed here); the clock is the peak's: 2.25e15 / (148 SMs x
+        # 8,192 dense BF16 FLOP per SM per clock) = 1.86 GHz, an assumption of that per-SM rate
+        # (twice Hopper's, as the per-GPU peaks at similar clocks imply).
+        sms=148, clock_hz=2.25e15 / (148 * 8192), l2_bytes=126 * (1 << 20),
+        compute_capability=(10, 0), nvlink_bytes_per_s=900e9, network_bytes_per_s=50e9,
+        sources=(S_B200, S_DGX, S_NCCL, S_ASSUMED), calibration=_BORROWED),
+    Gpu("h200", "H200", 989e12, S_H200, device_kind="NVIDIA H200",
+        memory_bytes=141 * GiB, usable_bytes=141 * GiB - _RESERVED, hbm_bytes_per_s=4.8e12,
+        sms=132, clock_hz=989e12 / (132 * 4096), l2_bytes=50 * (1 << 20),
+        compute_capability=(9, 0), nvlink_bytes_per_s=450e9, network_bytes_per_s=50e9,
+        sources=(S_H200, S_H100, S_DGX, S_NCCL, S_ASSUMED), calibration=_H200_FIT),
+    Gpu("h100-pcie", "H100 PCIe", 756e12,
+        "NVIDIA H100 datasheet: 756 TFLOPS BF16 dense (PCIe)"),
+    Gpu("h100", "H100", 989e12, S_H100, device_kind="NVIDIA H100 80GB HBM3",
+        memory_bytes=80 * GiB, usable_bytes=84929347584, hbm_bytes_per_s=3.35e12,
+        # The peak's clock: 989e12 / (132 SMs x 4,096 dense BF16 FLOP per SM per clock, the
+        # whitepaper's per-SM tensor-core rate) = 1.83 GHz.
+        sms=132, clock_hz=989e12 / (132 * 4096), l2_bytes=50 * (1 << 20),
+        compute_capability=(9, 0), nvlink_bytes_per_s=450e9, network_bytes_per_s=50e9,
+        sources=(S_H100, S_DGX, S_NCCL), calibration=_BORROWED),
+    Gpu("a100", "A100", 312e12, S_A100),
 )
 
 
 def gpu(name: str) -> Gpu:
-  return next(g for g in GPUS if g.name == name)
+  """The GPU of a table name ("h100", any case) or a jax device_kind; KeyError otherwise."""
+  key = name.lower()
+  for g in GPUS:
+    if g.name == key:
+      return g
+  for g in GPUS:
+    if g.kind_pattern in name:
+      return g
+  raise KeyError(f"unknown GPU {name!r}; known: {', '.join(g.name for g in GPUS)}")
+
+
+def target_config(g: Gpu, cudnn: tuple[int, int, int], cuda: tuple[int, int]) -> str:
+  """XLA's `GpuTargetConfigProto` (text format; xla/stream_executor/device_description.proto)
+  of `g`: what the GPU compiler reads of a device it cannot query (deviceless compilation,
+  `jax.experimental.topologies.get_topology_desc(platform="cuda", target_config=...)`).
+  `cudnn`, `cuda`: the library versions the program is built for (those installed: the
+  compiler picks kernels by them)."""
+  major, minor = g.compute_capability
+  return "\n".join([
+      "gpu_device_info {",
+      f"  cuda_compute_capability {{ major: {major} minor: {minor} }}",
+      "  threads_per_block_limit: 1024",          # CUDA's limits for compute capability >= 2
+      "  threads_per_warp: 32",
+      "  shared_memory_per_block: 49152",          # 48 KB without opting in
+      f"  shared_memory_per_block_optin: {g.shared_per_block_optin}",
+      f"  shared_memory_per_core: {g.shared_per_sm}",
+      "  threads_per_core_limit: 2048",
+      f"  core_count: {g.sms}",
+      f"  fpus_per_core: {g.fp32_per_sm}",
+      "  block_dim_limit_x: 2147483647",
+      "  block_dim_limit_y: 65535",
+      "  block_dim_limit_z: 65535",
+      f"  memory_bandwidth: {int(g.hbm_bytes_per_s)}",
+      f"  l2_cache_size: {g.l2_bytes}",
+      f"  clock_rate_ghz: {g.clock_hz / 1e9:.4f}",
+      f"  device_memory_size: {g.usable_bytes}",
+      "  registers_per_core_limit: 65536",         # 64K 32-bit registers per SM
+      "  registers_per_block_limit: 65536",
+      "}",
+      'platform_name: "CUDA"',
+      f"dnn_version_info {{ major: {cudnn[0]} minor: {cudnn[1]} patch: {cudnn[2]} }}",
+      f"runtime_version {{ major: {cuda[0]} minor: {cuda[1]} }}",
+      f'device_description_str: "{g.device_kind}"',
+  ]) + "\n"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -282,7 +408,7 @@ class System:
   name: str
   accelerator: str                 # a GENERATIONS key or a GPUS name
   devices: int                     # JAX devices
-  topology: str | None = None      # the TPU slice (`--topology`, `stepmodel.topology`)
+  topology: str | None = None      # what it compiles for (`--topology`, `stepmodel.topology`)
 
   @property
   def platform(self) -> str:
@@ -297,7 +423,7 @@ SYSTEMS = {s.name: s for s in (
     System("tpu-v5p-128", "v5p", 64, "v5p:4x4x4"),
     System("tpu-v6e-64", "v6e", 64, "v6e:8x8"),
     # One 8-GPU host: the presets' batch per GPU is the same on H100 and H200.
-    System("gpu-8xh100", "H100", 8),
+    System("gpu-8xh100", "h100", 8, "h100:8"),
 )}
 
 # What the GPU presets set (`--xla_flags`): XLA's latency-hiding scheduler, which moves
