@@ -1,19 +1,21 @@
-"""Compile-only runs: a benchmark's real train and eval steps compiled for a TPU slice that is not
-here, and what they cost.
+"""Compile-only runs: a benchmark's real train and eval steps compiled for a TPU slice or GPU hosts
+that are not here, and what they cost.
 
-`./run.sh resnet --config=tpu-v3-2048 --compile_only --topology=v3:32x32` builds the preset's
-model, batch, mesh, layout and optimizations exactly as a run would, over the slice's
-compile-only devices (`stepmodel.topology`, libtpu), with abstract inputs: the dataset is described
-(its published sizes and a batch's shapes, `benchmarks.data.described`), no parameter is
-materialized (`harness.step.compile_steps`). It reports per-device memory against the chip's
-HBM (a program that does not fit is refused: exit status 2), FLOPs, bytes accessed, the
-collectives by kind and replica-group size, XLA's own estimate, and the step-time model of
-`stepmodel.steptime` with the minutes to train it predicts:
+`./run.sh resnet --config=tpu-v3-2048 --compile_only --topology=v3:32x32` (or
+`--config=gpu-8xh100 --topology=h100:8`) builds the preset's model, batch, mesh, layout and
+optimizations exactly as a run would, over the compile-only devices (`stepmodel.topology`:
+libtpu's, or JAX's CUDA plugin's), with abstract inputs: the dataset is described (its
+published sizes and a batch's shapes, `benchmarks.data.described`), no parameter is
+materialized (`harness.step.compile_steps`). It reports per-device memory against the device's
+(a program that does not fit is refused: exit status 2), FLOPs, bytes accessed, the collectives
+by kind and replica-group size, XLA's own estimate, and the step-time model (`stepmodel.steptime`
+on a TPU slice, `stepmodel.gpu` on GPU hosts) with the minutes to train it predicts:
 
   minutes = (training steps to --max_epochs x modelled step time
              + evaluations at the preset's cadence x eval steps x modelled eval step time) / 60
 
-Without `--topology` the steps compile for this machine's devices (no model: no TPU figures).
+Without `--topology` the steps compile for this machine's devices (no model: no accelerator's
+figures).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from harness import build, compile_cache
 from harness.run import Run
 from harness.timeline import check_cadence, timeline
 from runtime.errors import UserError
-from stepmodel import accelerators, cost, steptime, topology
+from stepmodel import accelerators, cost, gpu, steptime, topology
 
 GiB = 1 << 30
 
@@ -96,8 +98,9 @@ def compile_facts(run: Run, *, with_eval: bool = True,
   except Exception as e:
     if "RESOURCE_EXHAUSTED" not in str(e):
       raise
-    # The TPU compiler itself refuses a program that cannot fit in HBM.
-    refused = f"the TPU compiler ran out of HBM: {str(e).splitlines()[0]}"
+    # The TPU (or GPU) compiler itself refuses a program that cannot fit in HBM.
+    refused = (f"the {devs[0].platform.upper()} compiler ran out of HBM: "
+               f"{str(e).splitlines()[0]}")
   return {
       "benchmark": run.name,
       "mlperf_benchmark": run.spec.mlperf_name,
@@ -119,25 +122,31 @@ def compile_facts(run: Run, *, with_eval: bool = True,
 
 def read(raw: dict[str, Any], cfg) -> dict[str, Any]:
   """What the summary and the step-time model read of compiled facts, once: each step's
-  `stepmodel.cost.analyze_facts` and, on a TPU slice, its `stepmodel.steptime.prepare`d program
-  ({"train": (cost, prepared), "eval": (cost, prepared) or None}; None when refused)."""
+  `stepmodel.cost.analyze_facts` and, on a TPU slice or GPU hosts, its prepared program
+  (`stepmodel.steptime.prepare`, `stepmodel.gpu.prepare`): {"train": (cost, prepared), "eval":
+  (cost, prepared) or None}; None when refused."""
   if raw["refused"] is not None:
     return {"train": None, "eval": None}
   name = raw["topology_name"]
   topo = topology.parse(name) if name else None
-  gen = accelerators.GENERATIONS[topo.generation] if topo else None
+  on_gpu = topo is not None and topo.platform == "gpu"
+  gen = accelerators.GENERATIONS[topo.generation] if topo and not on_gpu else None
   coords = [tuple(c) for c in raw["coords"]] if raw["coords"] else None
   spec = registry.BENCHMARKS[raw["benchmark"]].spec
   # A data-dependent loop in the eval (beam search) runs at most the bound the benchmark names.
   bound = int(getattr(cfg, spec.eval_loop_bound)) if spec.eval_loop_bound else None
+  # GPU matrix work is not padded to a tile (`stepmodel.gpu`): a width of 1.
+  width = 1 if on_gpu else gen.mxu_width if gen else 128
   out = {}
   for step, trips in (("train", None), ("eval", bound)):
     if not raw[step]:
       out[step] = None
       continue
-    c = cost.analyze_facts(raw[step], trips, gen.mxu_width if gen else 128)
+    c = cost.analyze_facts(raw[step], trips, width)
     prepared = None
-    if topo is not None:
+    if on_gpu:
+      prepared = gpu.prepare(c, accelerators.gpu(topo.generation), coords, topo.hosts)
+    elif topo is not None:
       prepared = steptime.prepare(c, gen, topo.megacore, coords, topo.chips)
     out[step] = (c, prepared)
   return out
@@ -185,6 +194,10 @@ def summarize(raw: dict[str, Any], cfg, overlap: str = "schedule",
 def _device_figures(topo) -> dict[str, float] | None:
   if topo is None:
     return None
+  if topo.platform == "gpu":
+    g = accelerators.gpu(topo.generation)
+    return {"hbm_bytes": g.usable_bytes, "peak_flops": g.peak_flops,
+            "hbm_bytes_per_s": g.hbm_bytes_per_s}
   return accelerators.per_device(accelerators.GENERATIONS[topo.generation], topo.megacore)
 
 
@@ -192,16 +205,22 @@ def _topology_summary(topo, raw, device) -> dict[str, Any]:
   if topo is None:
     return {"name": None, "devices": raw["devices"], "platform": raw["platform"],
             "device_kind": raw["device_kind"]}
+  figures = {f"{k}_per_device": v for k, v in device.items()}
+  if topo.platform == "gpu":
+    return {"name": topo.name, "platform": "gpu", "gpu": topo.generation, "hosts": topo.hosts,
+            "gpus_per_host": topo.chips[1], "num_chips": topo.num_chips,
+            "devices": raw["devices"], "device_kind": raw["device_kind"], **figures}
   return {"name": topo.name, "generation": topo.generation, "chips": list(topo.chips),
           "num_chips": topo.num_chips, "devices": raw["devices"], "megacore": topo.megacore,
-          "device_kind": raw["device_kind"], **{f"{k}_per_device": v for k, v in device.items()},
+          "device_kind": raw["device_kind"], **figures,
           "wraparound": list(accelerators.wraparound(accelerators.GENERATIONS[topo.generation],
                                                  topo.chips))}
 
 
 def _step(cost: dict[str, Any], prepared, device, overlap: str = "schedule",
           calibration: accelerators.Calibration | None = None) -> dict[str, Any]:
-  """One compiled step's figures, its fit in HBM and (on a TPU slice) its modelled time."""
+  """One compiled step's figures, its fit in memory and (compiled for a topology) its modelled
+  time."""
   memory = cost.get("memory_per_device", {})
   total = memory.get("total_bytes")
   out = {k: cost.get(k) for k in ("flops_per_device", "xla_flops_per_device", "bytes_accessed",
@@ -212,7 +231,8 @@ def _step(cost: dict[str, Any], prepared, device, overlap: str = "schedule",
   out["fits"] = None if device is None or total is None else total <= device["hbm_bytes"]
   out["model"] = None
   if prepared is not None:
-    out["model"] = steptime.evaluate(prepared, overlap, calibration)
+    model = gpu.evaluate if isinstance(prepared, gpu.Prepared) else steptime.evaluate
+    out["model"] = model(prepared, overlap, calibration)
   return out
 
 

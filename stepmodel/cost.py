@@ -347,7 +347,8 @@ def analyze_facts(f: dict[str, Any], unknown_trips: int | None = None,
                   mxu: int = 128) -> dict[str, Any]:
   """FLOPs, bytes accessed, memory and collectives per device from a compiled program's `facts`.
 
-  Keys: flops_per_device, bytes_accessed, optimal_seconds (cost_analysis; None when absent;
+  Keys: flops_per_device, bytes_accessed (cost_analysis, or without one the kernels' sums:
+  `flops_from`), optimal_seconds (cost_analysis; None when absent;
   optimal_seconds is XLA's own estimate, without interconnect), memory_per_device,
   collectives ({kind: {count, bytes}}), collectives_by_group ([{kind, group_size, count,
   bytes}]), collective_bytes_total, num_devices, ops and group_sets (see `ops`).
@@ -366,14 +367,22 @@ def analyze_facts(f: dict[str, Any], unknown_trips: int | None = None,
   colls = collectives(text, num_devices, runs=loops["runs"], parsed=parsed)
   summary = _by_kind(colls)
   op_list, group_sets = ops(colls)
+  flops, nbytes = (float(cost.get("flops", 0.0)) + loops["extra_flops"] if cost else None,
+                   _field(cost, "bytes accessed"))
+  if not cost:
+    # No cost analysis (the GPU compiler's deviceless programs): the kernels' own sums
+    # (`stepmodel.kernels`: dots, convolutions and GPU library calls; HBM bytes), every run.
+    listed = kernels.kernels(text, mxu, parsed, unknown_trips)
+    flops = sum(k.flops * n for k, n in listed)
+    nbytes = sum(k.bytes * n for k, n in listed)
   return {
       # XLA counts a loop body once; the dots and convolutions of its other runs are added.
-      "flops_per_device": (float(cost.get("flops", 0.0)) + loops["extra_flops"]
-                           if cost else None),
+      "flops_per_device": flops,
       "xla_flops_per_device": float(cost["flops"]) if "flops" in cost else None,
+      "flops_from": "cost_analysis" if cost else "kernels",
       "loops": loops["loops"],
       "loops_unknown_trips": loops["unknown_trips"],
-      "bytes_accessed": _field(cost, "bytes accessed"),
+      "bytes_accessed": nbytes,
       "optimal_seconds": _field(cost, "optimal_seconds"),
       "memory_per_device": memory,
       "collectives": summary,

@@ -264,9 +264,87 @@ def conv_parts(ins: dict[str, str], shapes: dict[str, str]) -> tuple[float, int,
   return macs, max(1, round(contracted)), features_out
 
 
+# The GPU compiler's library calls (XLA's `xla/service/gpu/cublas_cudnn.h` names them):
+# cuBLAS / cuBLASLt GEMMs, cuDNN convolutions and cuDNN's fused attention.
+_GEMMS = ("__cublas$gemm", "__cublas$lt$matmul", "__cublas$lt$matmul$f8")
+_CONVS = {"__cudnn$convForward": "forward", "__cudnn$convBiasActivationForward": "forward",
+          "__cudnn$convBackwardInput": "input", "__cudnn$convBackwardFilter": "filter"}
+_TARGET = re.compile(r'custom_call_target="(?P<t>[^"]+)"')
+
+
+def _first_dims(shape: str) -> list[int]:
+  """The dimensions of a shape's first array (a tuple's first element)."""
+  m = _DIMS.search(shape)
+  return [int(d) for d in m.group("d").split(",") if d] if m else []
+
+
+def _numbers(rest: str, key: str) -> list[int]:
+  """A backend config's `"key": ["1", "2"]` list of dimension numbers."""
+  m = re.search(r'"%s":\s*\[(?P<v>[^\]]*)\]' % re.escape(key), rest)
+  return [int(x) for x in re.findall(r"[0-9]+", m.group("v"))] if m else []
+
+
+def library_flops(ins: dict[str, str], shapes: dict[str, str]) -> float:
+  """2 x multiply-adds of a GPU library call (0 for any other custom call):
+
+  - a cuBLAS GEMM: output elements x the contracted size (its backend config's
+    `dot_dimension_numbers`);
+  - a cuDNN convolution: the forward convolution's (`conv_parts`) for each of the three kinds,
+    whose operands and result are the forward's input, filter and output in turn (XLA's
+    `CudnnConvKind`: forward (input, filter) -> output; backward input (output, filter) ->
+    input; backward filter (input, output) -> filter; the dimension labels and window are the
+    forward convolution's);
+  - cuDNN's fused attention: the matmuls of B x H x Sq x Sk scores of depth D (the backend
+    config's `intermediate_tensor_shape` and the query's contracted dimension): 2 forward
+    (Q K^T and P V), 5 backward (recomputing Q K^T; dV, dP, dQ, dK), halved under a causal mask
+    (flash attention skips the masked half; Dao, FlashAttention-2, arXiv:2307.08691)."""
+  if ins["op"] != "custom-call":
+    return 0.0
+  target = _TARGET.search(ins["rest"])
+  target = target.group("t") if target else ""
+  ops = operands(ins)
+  if target in _GEMMS and ops:
+    lhs = dims(shapes.get(ops[0], ""))
+    k = math.prod(lhs[i] for i in _numbers(ins["rest"], "lhs_contracting_dimensions")
+                  if i < len(lhs))
+    return 2.0 * math.prod(_first_dims(ins["shape"])) * k
+  if target in _CONVS and len(ops) >= 2:
+    result = _first_dims(ins["shape"])
+    result = "[" + ",".join(map(str, result)) + "]"
+    lhs, rhs, out = {"forward": (ops[0], ops[1], None), "input": (None, ops[1], ops[0]),
+                     "filter": (ops[0], None, ops[1])}[_CONVS[target]]
+    forward = {"lhs": shapes.get(lhs, "") if lhs else "x" + result,
+               "rhs": shapes.get(rhs, "") if rhs else "x" + result}
+    conv = {"op": "convolution", "args": "lhs, rhs", "rest": ins["rest"],
+            "shape": shapes.get(out, "") if out else "x" + result}
+    parts = conv_parts(conv, forward)
+    return 2.0 * parts[0] if parts else 0.0
+  if target.startswith("__cudnn$fmha") and ops:
+    m = re.search(r'"intermediate_tensor_shape":\s*\{[^{}]*?"dimensions":\s*\[(?P<d>[^\]]*)\]',
+                  ins["rest"])
+    scores = [int(x) for x in re.findall(r"[0-9]+", m.group("d"))] if m else []
+    q = dims(shapes.get(ops[0], ""))
+    backward = "Backward" in target
+    block = re.search(r'"bmm1_dot_dimension_numbers":\s*\{(?P<b>[^{}]*)\}', ins["rest"])
+    contracted = _numbers(block.group("b"), "lhs_contracting_dimensions") if block else []
+    # The backward call's query is laid out (B, S, H, D) like the forward's operand.
+    depth = q[-1] if backward or not contracted else math.prod(q[i] for i in contracted
+                                                                if i < len(q))
+    if not scores or not q:
+      return 0.0
+    matmuls = 5 if backward else 2
+    causal = 0.5 if '"mask_type": "CAUSAL"' in ins["rest"] or '"mask_type":"CAUSAL"' in \
+        ins["rest"] else 1.0
+    return 2.0 * matmuls * math.prod(scores) * depth * causal
+  return 0.0
+
+
 def flops(ins: dict[str, str], shapes: dict[str, str]) -> float:
-  """2 x multiply-adds of a dot (output elements x contracted elements) or a convolution
-  (`conv_parts`: padding and dilation holes not counted); 0 for other ops."""
+  """2 x multiply-adds of a dot (output elements x contracted elements), a convolution
+  (`conv_parts`: padding and dilation holes not counted) or a GPU library call
+  (`library_flops`); 0 for other ops."""
+  if ins["op"] == "custom-call":
+    return library_flops(ins, shapes)
   out = math.prod(dims(ins["shape"]))
   ops = operands(ins)
   if ins["op"] == "dot":

@@ -165,6 +165,9 @@ def _op_work(ins: dict[str, str], shapes, mxu: int) -> tuple[float, float, float
   op = ins["op"]
   if op in ("dot", "convolution"):
     return _dot_flops(ins, shapes, mxu) + (0.0,)
+  if op == "custom-call":               # a GPU library's GEMM, convolution or attention
+    flops = hlo.library_flops(ins, shapes)
+    return flops, flops, 0.0
   if op in ("reduce", "reduce-window"):
     operands = hlo.operands(ins)
     return 0.0, 0.0, _vector_elements(shapes.get(operands[0], "")) if operands else 0.0

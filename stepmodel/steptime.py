@@ -118,7 +118,7 @@ def _ring_phases(geo, link_bw, alpha):
           for _, n, stride, wraps in geo["rings"]]
 
 
-def _scatter_time(full, phases):
+def scatter_time(full, phases):
   """Seconds of a reduce-scatter (or all-gather) of `full` bytes along `phases` in order."""
   t, size = 0.0, float(full)
   for n, bw, a in phases:
@@ -127,12 +127,12 @@ def _scatter_time(full, phases):
   return t
 
 
-def _best_order(full, phases, factor):
+def best_order(full, phases, factor):
   """The cheapest dimension order of `factor` x the reduce-scatter along `phases`."""
   if not phases:
     return 0.0, []
-  best = min(itertools.permutations(phases), key=lambda p: _scatter_time(full, p))
-  return factor * _scatter_time(full, best), list(best)
+  best = min(itertools.permutations(phases), key=lambda p: scatter_time(full, p))
+  return factor * scatter_time(full, best), list(best)
 
 
 def _local(kind, nbytes, cores, chip_bw) -> float:
@@ -195,7 +195,7 @@ def _price_group(kind, nbytes, size, geo, link, alpha, chip_bw) -> dict[str, Any
     algo = f"all-to-all over {where}: bisection bound of the longest ring ({n_max} chips)"
   else:
     factor = 2 if kind == "all-reduce" else 1
-    inter, order = _best_order(full, phases, factor)
+    inter, order = best_order(full, phases, factor)
     dims = " -> ".join(f"{n} chips at {bw / 1e9:.0f} GB/s" for n, bw, _ in order)
     algo = {"all-reduce": f"all-reduce over {where}: reduce-scatter along rings {dims}, "
                           f"all-gather back",
@@ -252,7 +252,7 @@ def prepare(cost: dict[str, Any], gen: accelerators.Generation, megacore: bool,
                           chips, wraparound)
   priced = tuple({**a, "per_alpha": b["seconds"] - a["seconds"]} for a, b in zip(at0, at1))
   program = cost.get("program")
-  return Prepared(gen, megacore, chips, wraparound, program or _one_kernel(cost),
+  return Prepared(gen, megacore, chips, wraparound, program or one_kernel(cost),
                   program is None, priced)
 
 
@@ -285,13 +285,28 @@ def evaluate(p: Prepared, overlap: str = "schedule",
             | {"seconds": c["seconds"] + alpha * c["per_alpha"]} for c in p.collectives]
   rates = Rates(dev["peak_flops"], dev["hbm_bytes_per_s"] * cal.hbm_efficiency,
                 cal.kernel_overhead_s, dev.get("vector_ops_per_s"))
-  seconds = {c["name"]: c["seconds"] / max(c["repeat"], 1) for c in priced}
-  run = simulate(p.program, rates, seconds)
+  run = simulate(p.program, rates, per_run(priced))
+  clock = gen.clock_hz
+  return reading(run, priced, overlap, dataclasses.asdict(cal) | {"ici_latency_s": alpha},
+                 _assumptions(gen, dev, cal, alpha, p.chips, p.wraparound, p.megacore, overlap,
+                              p.totals_only),
+                 run["cycles"] / clock if clock and run["cycles"] else None)
+
+
+def per_run(priced: list[dict[str, Any]]) -> dict[str, float]:
+  """Each priced collective's seconds per run, by name (what `simulate` takes)."""
+  return {c["name"]: c["seconds"] / max(c["repeat"], 1) for c in priced}
+
+
+def reading(run: dict[str, Any], priced: list[dict[str, Any]], overlap: str,
+            calibration: dict[str, Any], assumptions: list[str],
+            compiler_estimate_s: float | None = None) -> dict[str, Any]:
+  """The model's figures of one simulated step (`simulate`) and its priced collectives: the
+  kernels' terms, the collectives, the three readings (`bounds`) and the chosen one."""
   collective_s = sum(c["seconds"] for c in priced)
   kernel_s = run["kernel_s"]
   bounds = {"none": kernel_s + collective_s, "full": max(kernel_s, collective_s),
             "schedule": run["step_s"]}
-  clock = gen.clock_hz
   return {
       "compute_s": run["mxu_s"],
       "memory_s": run["hbm_s"],
@@ -309,11 +324,10 @@ def evaluate(p: Prepared, overlap: str = "schedule",
       "overlap": overlap,
       "bounds": bounds,
       "step_s": bounds[overlap],
-      "compiler_estimate_s": (run["cycles"] / clock if clock and run["cycles"] else None),
+      "compiler_estimate_s": compiler_estimate_s,
       "top_kernels": run["top"],
-      "calibration": dataclasses.asdict(cal) | {"ici_latency_s": alpha},
-      "assumptions": _assumptions(gen, dev, cal, alpha, p.chips, p.wraparound, p.megacore,
-                                  overlap, p.totals_only),
+      "calibration": calibration,
+      "assumptions": assumptions,
   }
 
 
@@ -369,7 +383,7 @@ def price_collectives(cost, gen, device_coords, chips, wraparound) -> list[dict[
   return priced
 
 
-def _one_kernel(cost: dict[str, Any]) -> dict[str, Any]:
+def one_kernel(cost: dict[str, Any]) -> dict[str, Any]:
   """A program of one kernel holding all of `cost`'s FLOPs and bytes, then its collectives
   (for a cost without an HLO program)."""
   flops = cost.get("flops_per_device") or 0.0
@@ -464,17 +478,23 @@ FIT_RANGES = {"kernel_overhead_s": (0.0, 10e-6), "hbm_efficiency": (0.3, 1.0),
               "ici_latency_s": (0.0, 20e-6)}
 
 
-def fit(pairs: Sequence[tuple[Prepared, float]], label: str = "", points: Sequence[str] = (),
-        grid: int = 7, rounds: int = 4) -> accelerators.Calibration:
+def fit(pairs: Sequence[tuple[Any, float]], label: str = "", points: Sequence[str] = (),
+        grid: int = 7, rounds: int = 4, ranges: dict[str, tuple[float, float]] | None = None,
+        evaluate_fn=None) -> accelerators.Calibration:
   """The calibration whose modelled steps of the prepared programs are closest to the measured
   `(prepared, seconds)` pairs: least mean absolute percentage error, by a grid search over
-  FIT_RANGES refined `rounds` times around the best point (`grid` values per constant)."""
-  ranges = dict(FIT_RANGES)
+  `ranges` (default FIT_RANGES: a TPU's; `stepmodel.gpu.FIT_RANGES` a GPU's, with its
+  `evaluate` as `evaluate_fn`) refined `rounds` times around the best point (`grid` values per
+  constant)."""
+  full_ranges = dict(ranges or FIT_RANGES)
+  ranges = dict(full_ranges)
   names = list(ranges)
+  evaluate_fn = evaluate_fn or evaluate
 
   def error(values) -> float:
     cal = accelerators.Calibration(**dict(zip(names, values)))
-    return sum(abs(evaluate(p, "schedule", cal)["step_s"] / m - 1) for p, m in pairs) / len(pairs)
+    return sum(abs(evaluate_fn(p, "schedule", cal)["step_s"] / m - 1)
+               for p, m in pairs) / len(pairs)
 
   best = None
   for _ in range(rounds):
@@ -485,7 +505,7 @@ def fit(pairs: Sequence[tuple[Prepared, float]], label: str = "", points: Sequen
         best = (e, values)
     for name, v, (lo, hi) in zip(names, best[1], list(ranges.values())):
       half = (hi - lo) / (grid - 1)
-      full = FIT_RANGES[name]
+      full = full_ranges[name]
       ranges[name] = (max(full[0], v - half), min(full[1], v + half))
   values = dict(zip(names, best[1]))
   return accelerators.Calibration(**values, points=tuple(points),
