@@ -1,11 +1,13 @@
 """Points to predict, as data: `./run.sh scale --points=FILE`.
 
-A points file is JSON: `{"about": "...", "points": [point, ...]}`, each point a run to predict:
+A points file is JSON: `{"about": "...", "fit_on": "...", "points": [point, ...]}` (`fit_on`
+optional: how `./run.sh scale` fits the file's points by default, as its `--fit_on` takes it),
+each point a run to predict:
 
   name               unique, e.g. "resnet-16"
   benchmark          a registered benchmark (resnet, transformer, ssd, lm)
   preset             the benchmark's preset the point starts from, e.g. "tpu-v3-2048"
-  topology           the TPU slice, e.g. "v3:4x4" (`stepmodel.topology`)
+  topology           the TPU slice or GPU hosts, e.g. "v3:4x4", "h200:1" (`stepmodel.topology`)
   mesh, global_batch_size   optional: the config's fields (shorthand for overrides)
   overrides          optional: {config field: value} over the preset (lists for tuples)
   train_steps        training steps to predict (float: a mean over runs is fine)
@@ -22,9 +24,10 @@ A points file is JSON: `{"about": "...", "points": [point, ...]}`, each point a 
 The modelled minutes are (startup_s + train_steps x step + evaluations x eval_steps x eval step
 + final_scoring_s) / 60 (`tools.pod.scale`). `DEFAULT` is Google's MLPerf v0.6 TPU-v3
 submissions, derived from their logs (`from_google`, written by `python -m
-tools.pod.google_v06 --repo=DIR --points=FILE`). A file naming a benchmark, preset,
-topology or config field that does not exist, a mesh that does not fit the slice, or a batch
-its mesh does not divide is refused in one line before anything compiles.
+tools.pod.google_v06 --repo=DIR --points=FILE`); `H200` the steps measured on one H200. A file
+naming a benchmark, preset, topology or config field that does not exist, a mesh that does not
+fit the slice, or a batch its mesh does not divide is refused in one line before anything
+compiles.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from stepmodel import topology
 
 DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "points",
                        "google-v0.6-tpu-v3.json")
+H200 = os.path.join(os.path.dirname(DEFAULT), "h200-2026-12-04.json")
 HOST_TERMS = ("startup_s", "final_scoring_s")
 
 
@@ -168,6 +172,17 @@ def load(path: str = DEFAULT) -> list[Point]:
   for p in points:
     check(p, f"--points={path}, point {p.name}")
   return points
+
+
+def file_fit_on(path: str) -> str | None:
+  """A points file's own `fit_on` (how `./run.sh scale` fits it by default), None without one;
+  `load` has read the file."""
+  with open(path, encoding="utf-8") as f:
+    value = json.load(f).get("fit_on")
+  if value is not None and not isinstance(value, str):
+    raise UserError(f"--points={path}: 'fit_on' is {value!r}, expected a string (point names, "
+                    f"chip counts or each)")
+  return value
 
 
 def config(point: Point):

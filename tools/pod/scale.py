@@ -1,4 +1,5 @@
-"""Runs on TPU slices, predicted from their compiled programs: `./run.sh scale <benchmark>|all`.
+"""Runs on TPU slices and GPU hosts, predicted from their compiled programs:
+`./run.sh scale <benchmark>|all`.
 
   ./run.sh scale all [--points=FILE] [--chips=16,64] [--output_dir=runs/scale] [--plot=PATH.png]
                      [--cache_dir=runs/compile_cache] [--refresh] [--fit [--fit_on=16]]
@@ -25,11 +26,15 @@ point: `modelled_step_ms`, `measured_step_ms`, `modelled_mfu`, `measured_mfu`,
 summary) and a PNG (`--plot`): modelled against measured steps, and the
 minutes per slice.
 
-`--fit` fits the model's constants for each TPU generation (`accelerators.Calibration`: the
-per-kernel overhead, the achieved fraction of HBM bandwidth, the ICI latency; at most three) to
-the measured steps of the points `--fit_on` names (chip counts or point names), prints them and
-uses them for this run; the constants the model uses by default are the generation's, in
-`stepmodel/accelerators.py`, where a fit is recorded.
+`--fit` fits the model's constants for each TPU generation or GPU (`accelerators.Calibration`:
+the per-kernel overhead, the achieved fraction of HBM bandwidth, and the ICI latency on a TPU or
+the achieved fraction of the tensor cores' peak on a GPU; at most three) to the measured steps
+of the points `--fit_on` names (chip counts or point names), prints them and uses them for this
+run; `--fit_on=each` predicts every point with constants fitted on the others of its
+accelerator (leave one out: each point held out of its own fit). A points file may carry its
+own `"fit_on"` (the H200's file says "each"), which is then the default. The constants the
+model uses by default are the accelerator's, in `stepmodel/accelerators.py`, where a fit is
+recorded. GPU points compile through JAX's CUDA plugin (`./run.sh install cuda12`).
 
 Cache: a full-size compile takes 1 to 6 minutes on a 2-core machine; compiled programs are kept
 in `--cache_dir` (`harness.compile_cache`: keyed by benchmark, config, topology and
@@ -59,12 +64,13 @@ from harness import run as runs
 from harness.options import flag
 from runtime import tpu_flags
 from runtime.errors import UserError
-from stepmodel import accelerators, steptime, topology
+from stepmodel import accelerators, gpu, steptime, topology
 from tools.pod import compile_point
 from tools.pod import points as points_lib
 from tools.pod.points import Point
 
 WITHIN = 0.10                      # |modelled / measured - 1| within this counts as a match
+EACH = "each"                      # --fit_on=each: every point on constants fitted on the others
 
 @dataclasses.dataclass(frozen=True)
 class ScaleOptions:
@@ -88,7 +94,9 @@ class ScaleOptions:
   fit: bool = flag(False, "Fit the model's constants on the --fit_on points' measured steps "
                    "and use them (module docstring).")
   fit_on: str = flag("16", "With --fit: the points to fit on, as chip counts or point names "
-                     "(comma-separated).")
+                     "(comma-separated), or `each`: every point predicted by constants fitted on "
+                     "the others (leave one out). A points file's own `fit_on` is the default "
+                     "for it.")
 
 
 # --- points (no jax) ----------------------------------------------------------------------------
@@ -118,8 +126,14 @@ def parse_chips(text: str) -> list[int]:
     raise UserError(f"--chips={text}: comma-separated integers, e.g. 16,64") from None
 
 
-def fit_set(chosen: list[Point], text: str) -> list[Point]:
-  """The points `--fit_on` names (chip counts or point names), among those chosen."""
+def fit_set(chosen: list[Point], text: str) -> list[Point] | str:
+  """The points `--fit_on` names (chip counts or point names), among those chosen; "each"
+  (leave one out) as it is, when two or more chosen points have a measured step."""
+  if text.strip() == EACH:
+    if sum(1 for p in chosen if p.measured_step_ms) < 2:
+      raise UserError(f"--fit_on={EACH} fits each point on the others: choose at least two "
+                      f"points with a measured train_step_ms")
+    return EACH
   wanted = [t.strip() for t in text.split(",") if t.strip()]
   picked = [p for p in chosen if p.name in wanted or str(p.chips) in wanted]
   if not picked:
@@ -180,15 +194,16 @@ _USER_LIBTPU_ARGS = os.environ.get("LIBTPU_INIT_ARGS", "")
 
 def _compiled(point: Point, cfg, *, with_eval, say, cache_dir, refresh):
   # Before jax starts: the host backend stays on CPU; naming the slice keeps libtpu quiet.
-  topology.prepare_host(topology.parse(point.topology))
+  topo = topology.parse(point.topology)
+  topology.prepare_host(topo)
   want = tpu_flags.merged(cfg.libtpu_flags, _USER_LIBTPU_ARGS)
   here = " ".join(os.environ.get(tpu_flags.VARIABLE, "").split())
-  if tpu_flags.loaded() and want != here:
+  if topo.platform == "tpu" and tpu_flags.loaded() and want != here:
     # This process's libtpu loaded with another point's flags (it reads them once).
     raw = compile_point.in_child(point, want, with_eval=with_eval, say=say,
                                  cache_dir=cache_dir, refresh=refresh)
   else:
-    if want != here:
+    if topo.platform == "tpu" and want != here:
       tpu_flags.check(cfg.libtpu_flags)
       os.environ[tpu_flags.VARIABLE] = want
     run = runs.on_slice(point.entry, cfg, point.topology)
@@ -197,34 +212,69 @@ def _compiled(point: Point, cfg, *, with_eval, say, cache_dir, refresh):
   return raw, compile_only.read(raw, cfg)
 
 
-def _fit(compiled: list[tuple[Point, Any]], fit_on: list[Point],
-         say: Callable[[str], None]) -> dict[str, Any]:
-  """A calibration per TPU generation, fitted on the measured steps of `fit_on`."""
-  names = {p.name for p in fit_on}
-  by_gen: dict[str, list] = {}
-  for point, (_, steps) in compiled:
-    if point.name in names and steps["train"] is not None:
-      prepared = steps["train"][1]
-      by_gen.setdefault(prepared.gen.name, []).append(
-          (prepared, point.measured_step_ms / 1e3, point.name))
-  out = {}
-  for gen, pairs in by_gen.items():
-    cal = steptime.fit([(p, m) for p, m, _ in pairs], label=", ".join(n for _, _, n in pairs),
-                       points=[n for _, _, n in pairs])
+def accelerator(topology_name: str):
+  """The table row a point's topology runs on: a TPU `Generation` or a `Gpu` (each has a
+  `name` and a `calibration`)."""
+  topo = topology.parse(topology_name)
+  if topo.platform == "gpu":
+    return accelerators.gpu(topo.generation)
+  return accelerators.GENERATIONS[topo.generation]
+
+
+def _fit_one(prepared_pairs, say) -> accelerators.Calibration:
+  """One accelerator's constants fitted on [(prepared, measured seconds, point name)]."""
+  pairs = [(p, m) for p, m, _ in prepared_pairs]
+  label = ", ".join(n for _, _, n in prepared_pairs)
+  names = [n for _, _, n in prepared_pairs]
+  if isinstance(prepared_pairs[0][0], gpu.Prepared):
+    cal = gpu.fit(pairs, label=label, points=names)
+    say(f"fitted on {cal.fitted_on}: {cal.kernel_overhead_s * 1e6:.2f} us per kernel, "
+        f"{cal.hbm_efficiency:.1%} of the HBM bandwidth, {cal.matrix_efficiency:.1%} of the "
+        f"tensor cores' peak")
+  else:
+    cal = steptime.fit(pairs, label=label, points=names)
     say(f"fitted on {cal.fitted_on}: {cal.kernel_overhead_s * 1e6:.2f} us per kernel, "
         f"{cal.hbm_efficiency:.1%} of the HBM bandwidth, {cal.ici_latency_s * 1e6:.2f} us per "
         f"ICI step")
-    out[gen] = cal
+  return cal
+
+
+def _fit(compiled: list[tuple[Point, Any]], fit_on: list[Point] | str,
+         say: Callable[[str], None]) -> dict[str, accelerators.Calibration]:
+  """Each point's calibration: its accelerator's, fitted on the measured steps of `fit_on`;
+  or, with `fit_on` "each" (leave one out), fitted on the other measured points of its
+  accelerator, so that every point is held out of its own fit."""
+  by_acc: dict[str, list] = {}
+  for point, (_, steps) in compiled:
+    if point.measured_step_ms and steps["train"] is not None:
+      by_acc.setdefault(accelerator(point.topology).name, []).append(
+          (steps["train"][1], point.measured_step_ms / 1e3, point.name))
+  out = {}
+  if fit_on == EACH:
+    for point, _ in compiled:
+      others = [t for t in by_acc.get(accelerator(point.topology).name, []) if t[2] != point.name]
+      if others:
+        say(f"{point.name}: held out")
+        cal = _fit_one(others, say)
+        out[point.name] = dataclasses.replace(cal, points=())
+    return out
+  names = {p.name for p in fit_on}
+  for acc, triples in by_acc.items():
+    mine = [t for t in triples if t[2] in names]
+    if mine:
+      cal = _fit_one(mine, say)
+      out.update({p.name: cal for p, _ in compiled if accelerator(p.topology).name == acc})
   return out
 
 
 def run(chosen: list[Point], output_dir: str, plot_path: str | None, cache_dir: str,
         refresh: bool = False, with_eval: bool = True, say: Callable[[str], None] = print,
-        overlap: str = "schedule", fit_on: list[Point] | None = None,
+        overlap: str = "schedule", fit_on: list[Point] | str | None = None,
         compiled: Callable | None = None) -> dict[str, list[dict]]:
   """Predicts every point (compiled from the cache where it can), prints the table, writes the
   JSON and the plot. `compiled(point, cfg, ...)` -> (raw facts, `compile_only.read`) defaults to
-  compiling (tests pass a stand-in); `fit_on`: fit the constants on these points first."""
+  compiling (tests pass a stand-in); `fit_on`: fit the constants on these points first, or
+  "each": every point on constants fitted on the others."""
   compiled = compiled or _compiled
   done = []
   for point in chosen:
@@ -235,8 +285,7 @@ def run(chosen: list[Point], output_dir: str, plot_path: str | None, cache_dir: 
   calibrations = _fit([(p, c[1:]) for p, c in done], fit_on, say) if fit_on else {}
   rows: dict[str, list[dict]] = {}
   for point, (cfg, raw, steps) in done:
-    gen = accelerators.GENERATIONS[point.topology.split(":")[0]]
-    cal = calibrations.get(gen.name, gen.calibration)
+    cal = calibrations.get(point.name, accelerator(point.topology).calibration)
     summary = compile_only.summarize(raw, cfg, overlap, cal, steps)
     fitted = point.name in cal.points
     row = {"point": dataclasses.asdict(point) | {"chips": point.chips},
@@ -253,8 +302,9 @@ def run(chosen: list[Point], output_dir: str, plot_path: str | None, cache_dir: 
   out = os.path.join(output_dir, f"scale_{label}.json")
   with open(out, "w") as f:
     json.dump({"benchmarks": rows, "within": WITHIN, "mape": mapes(every),
-               "at_or_below_measured": at_or_below(every)}, f, indent=1,
-              default=float)
+               "at_or_below_measured": at_or_below(every),
+               "fit_on": fit_on if isinstance(fit_on, str) or fit_on is None
+               else [p.name for p in fit_on]}, f, indent=1, default=float)
   png = plot_path or os.path.join(output_dir, f"scale_{label}.png")
   plot(rows, png)
   say(f"wrote {out} and {png}")
@@ -421,6 +471,11 @@ def _parse_error(e: flags.Error, fv: flags.FlagValues) -> UserError:
   return UserError(flags_lib.bad_value(e, fv) or f"{str(e).splitlines()[0]}; {hint}")
 
 
+def given(fv: flags.FlagValues) -> set[str]:
+  """The flags the command line set."""
+  return {name for name in fv if fv[name].present}
+
+
 def check_outputs(o: ScaleOptions) -> None:
   """Where the results go can be written, checked before minutes of compiling."""
   config_lib.check_writable("--output_dir", o.output_dir)
@@ -448,7 +503,11 @@ def main(argv: list[str]) -> int:
     raise UserError(f"unexpected argument '{extra[0]}'; flags are written --name=value")
   o = options.from_flags(ScaleOptions, fv)
   chosen = select(points_lib.load(o.points), rest[0], parse_chips(o.chips))
-  fit_on = fit_set(chosen, o.fit_on) if o.fit else None
+  # A points file may name how its points are fitted (`fit_on`: the H200's, "each").
+  own, set_here = points_lib.file_fit_on(o.points), given(fv)
+  fit = o.fit or (own is not None and "fit" not in set_here)
+  text = o.fit_on if own is None or "fit_on" in set_here else own
+  fit_on = fit_set(chosen, text) if fit else None
   check_outputs(o)
   run(chosen, o.output_dir, o.plot, o.cache_dir, o.refresh, o.with_eval, overlap=o.overlap,
       fit_on=fit_on)
