@@ -96,12 +96,24 @@ def test_the_open_lm_passes_its_own_division(tmp_path, capsys):
     package.gather([str(out)])
 
 
-def test_a_gpu_preset_without_a_gpu_is_one_line(tmp_path):
-  p = _dryrun(tmp_path, "llama", "--config=gpu-8xh100")
-  assert p.returncode == 2
-  assert p.stderr.strip().splitlines()[-1].startswith(
-      "error: --config=gpu-8xh100 is a GPU preset and this machine has no GPU")
-  assert not (tmp_path / "out").exists()
+def test_a_gpu_preset_without_the_cuda_plugin_is_one_line(tmp_path):
+  """A GPU preset compiles for its host (h100:8) through JAX's CUDA plugin; without the
+  `cuda12` extra (the NVIDIA wheels' versions not found, as a fresh process is told here) the
+  dry run says how to install it, before anything is written (tests/test_gpu_compile.py runs
+  it with the extra)."""
+  out = tmp_path / "out"
+  code = ("import sys; from stepmodel import topology; topology._versions = lambda: None; "
+          "from harness import cli; from tools.pod import dryrun; "
+          f"sys.argv = ['dryrun', 'llama', '--config=gpu-8xh100', '--output_dir={out}']; "
+          "cli.run_main(dryrun.main)")
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                     cwd=ROOT, check=False)
+  assert p.returncode == 2, p.stderr[-2000:]
+  last = p.stderr.strip().splitlines()[-1]
+  assert last.startswith("error: --topology=h100:8 needs JAX's CUDA plugin"), last
+  assert last.endswith("./run.sh install cuda12   (or: .venv/bin/pip install -e '.[cuda12]')")
+  assert not out.exists()
 
 
 @pytest.mark.pod
