@@ -24,20 +24,28 @@ def _installed(module: str) -> bool:
   return importlib.util.find_spec(module) is not None
 
 
+def gpu_here() -> bool:
+  """Whether this machine has a GPU a JAX plugin could use (/dev/nvidia0, ROCm's /dev/kfd)."""
+  return os.path.exists("/dev/nvidia0") or os.path.exists("/dev/kfd")
+
+
 def skip_absent_tpu() -> None:
   """Before jax starts its backends: on a machine with the TPU compiler installed (libtpu, the
   `tpu` extra) but no TPU (no /dev/accel* as on v2-v4 hosts, no /dev/vfio/<n> as on v5e and
   later), jax would probe for TPUs and libtpu would print its errors first; runs there use the
-  GPUs (a CUDA plugin and /dev/nvidia0) or the CPU instead. A JAX_PLATFORMS the user set, or
-  one chosen already (`use_cpu_devices`, compile-only runs), is kept."""
-
-  if os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms or not _installed("libtpu"):
+  GPUs (a CUDA plugin and /dev/nvidia0) or the CPU instead. Likewise with JAX's CUDA plugin (the
+  `cuda12` extra, which also compiles for GPU hosts on machines without one) and no GPU: the
+  plugin would log a traceback, and runs use the CPU. A JAX_PLATFORMS the user set, or one
+  chosen already (`use_cpu_devices`, compile-only runs), is kept."""
+  if os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms:
     return
-  if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
+  tpu_compiler = _installed("libtpu")
+  cuda = any(_installed(f"jax_cuda{v}_plugin") for v in (12, 13))
+  if tpu_compiler and (glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*")):
     return
-  cuda = any(_installed(f"jax_cuda{v}_plugin") for v in (12, 13)) and \
-      os.path.exists("/dev/nvidia0")
-  jax.config.update("jax_platforms", "cuda,cpu" if cuda else "cpu")
+  gpu = cuda and os.path.exists("/dev/nvidia0")
+  if (tpu_compiler or cuda) and not (gpu and not tpu_compiler):
+    jax.config.update("jax_platforms", "cuda,cpu" if gpu else "cpu")
 
 
 def device_memory_bytes(device) -> tuple[int | None, str]:

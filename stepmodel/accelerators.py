@@ -327,10 +327,11 @@ _BORROWED = dataclasses.replace(
 GPUS = (
     Gpu("b200", "B200", 2.25e15, S_B200, device_kind="NVIDIA B200",
         memory_bytes=180 * GiB, usable_bytes=180 * GiB - _RESERVED, hbm_bytes_per_s=7.7e12,
-        # 148 SMs: two dies of 74 (not in the datasheets; NVIDIA's Blackwell tuning guide lists
-        # the B200's SM count, assumed here); the clock is the peak's: 2.25e15 / (148 SMs x
-        # 8,192 dense BF16 FLOP per SM per clock) = 1.86 GHz, an assumption of that per-SM rate
-        # (twice Hopper's, as the per-GPU peaks at similar clocks imply).
+        # Not in NVIDIA's datasheets, assumed: 148 SMs (two dies of 74) and a 126 MB L2, as
+        # device queries of B200s are reported; the clock is the peak's, 2.25e15 / (148 SMs x
+        # 8,192 dense BF16 FLOP per SM per clock) = 1.86 GHz, assuming twice Hopper's per-SM
+        # rate (as the per-GPU peaks at similar clocks imply). The XLA compiler reads these for
+        # its kernels' launch shapes; the step model uses only the datasheet's peak and HBM.
         sms=148, clock_hz=2.25e15 / (148 * 8192), l2_bytes=126 * (1 << 20),
         compute_capability=(10, 0), nvlink_bytes_per_s=900e9, network_bytes_per_s=50e9,
         sources=(S_B200, S_DGX, S_NCCL, S_ASSUMED), calibration=_BORROWED),

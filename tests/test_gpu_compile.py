@@ -33,7 +33,8 @@ def _run(args, tmp_path, timeout=900):
 def test_every_gpu_preset_compiles_and_fits_its_host(benchmark, topology, tmp_path):
   out = tmp_path / "out"
   p = _run(["-m", "harness.main", benchmark, "--config=gpu-8xh100", "--compile_only",
-            f"--topology={topology}", "--data_dir=unread", f"--output_dir={out}"], tmp_path)
+            f"--topology={topology}", "--data_dir=unread", f"--output_dir={out}",
+            f"--compile_cache={tmp_path / 'cache'}"], tmp_path)
   assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
   s = json.loads((out / "summary.json").read_text())
   assert s["fits"] is True
@@ -54,7 +55,7 @@ def test_every_gpu_preset_compiles_and_fits_its_host(benchmark, topology, tmp_pa
 def test_the_dry_run_of_the_8b_on_8_h100s_gives_a_verdict(tmp_path):
   out = tmp_path / "dry"
   p = _run(["-m", "tools.pod.dryrun", "llama", "--config=gpu-8xh100", "--topology=h100:8",
-            f"--output_dir={out}"], tmp_path)
+            f"--output_dir={out}", f"--compile_cache={tmp_path / 'cache'}"], tmp_path)
   assert p.returncode in (0, 1), p.stderr[-3000:]
   verdict = [ln for ln in p.stdout.splitlines() if ln.startswith("verdict")]
   assert verdict, p.stdout[-3000:]
@@ -78,3 +79,16 @@ def test_the_h200_points_each_held_out_of_its_own_fit(tmp_path):
   # the one step that streams HBM, 17% under it (the others do not pin the bandwidth it gets).
   assert sum(abs(e) <= 0.15 for e in errors.values()) >= 4, errors
   assert all(abs(e) <= 0.20 for e in errors.values()), errors
+
+
+def test_no_cuda_plugin_noise_on_a_machine_without_gpus(tmp_path):
+  """With JAX's CUDA plugin installed to compile for GPU hosts, a run on a machine without a
+  GPU uses its CPU without the plugin's traceback (`runtime.backend.skip_absent_tpu`)."""
+  from runtime import backend
+  if backend.gpu_here():
+    pytest.skip("this machine has a GPU")
+  p = _run(["-m", "harness.main", "resnet", "--config=tiny", "--num_cpu_devices=0",
+            "--mesh=data:1", "--global_batch_size=8", "--eval_batch_size=8", "--bn_span=0",
+            f"--output_dir={tmp_path / 'out'}"], tmp_path)
+  assert p.returncode == 1, p.stderr[-2000:]          # the tiny run's epoch limit
+  assert "Traceback" not in p.stderr and "plugin" not in p.stderr, p.stderr[-2000:]

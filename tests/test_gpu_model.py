@@ -223,3 +223,12 @@ def test_the_tpu_fit_is_unchanged_by_the_gpu_constant():
   """A TPU calibration's matrix_efficiency stays 1: the TPU model has no such constant."""
   assert "matrix_efficiency" not in steptime.FIT_RANGES
   assert accelerators.GENERATIONS["v3"].calibration.matrix_efficiency == 1.0
+
+
+def test_the_target_config_reader_reads_nested_fields():
+  from tools.perf import target_config
+  got = target_config.fields(accelerators.target_config(H100, (9, 8, 0), (12, 9)))
+  assert got["gpu_device_info.cuda_compute_capability.major"] == "9"
+  assert got["gpu_device_info.core_count"] == "132"
+  assert got["dnn_version_info.minor"] == "8"
+  assert got["device_description_str"] == '"NVIDIA H100 80GB HBM3"'

@@ -130,7 +130,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def accelerator_plugin() -> str | None:
   """The installed accelerator plugin jax will use (None: CPU only; libtpu alone does not
-  count, the tests install it for compile-only TPU programs)."""
+  count, the tests install it for compile-only TPU programs, nor a GPU plugin on a machine
+  without a GPU, where it compiles for GPU hosts)."""
+  if not backend.gpu_here():
+    return None
   for name in ("jax_cuda13_plugin", "jax_cuda12_plugin", "jax_rocm7_plugin",
                "jax_rocm60_plugin"):
     if importlib.util.find_spec(name) is not None:
