@@ -4,7 +4,9 @@ A full-size pod compile takes 1 to 6 minutes on a 2-core machine. What a compile
 as data: the compiler's cost and memory analyses and the HLO text of each step (`stepmodel.cost.
 facts`), with the run's context (mesh, layout, plan, dataset, device coordinates), gzipped
 JSON in `<cache_dir>/<key>.json.gz`, where key = sha256 of the benchmark, the full config, the
-topology, whether eval was compiled, and the versions of jax, jaxlib and libtpu. Beside it the
+topology, whether eval was compiled, and the versions of jax, jaxlib and libtpu (for GPU hosts
+also the target config the GPU compiler is given: the GPU's figures in `stepmodel/accelerators.py`
+and the cuDNN and CUDA versions). Beside it the
 entry records the sha256 of the code (its syntax tree, without comments and docstrings:
 `code_of`) of every project source file a program is compiled from that was loaded when it
 compiled (`compiled_from`: the sharding core `mesh/`, `optimizations/`, the suites under

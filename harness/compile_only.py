@@ -60,8 +60,11 @@ def facts(run: Run, *, with_eval: bool = True, say: Callable[[str], None] = prin
   key, benchmark, cfg = None, run.name, run.cfg
   topology_name = run.topology.name if run.topology else None
   if cache_dir:
-    key = compile_cache.cache_key(benchmark, cfg, topology_name, with_eval,
-                                  compile_cache.versions(getattr(cfg, "libtpu_flags", "")))
+    compiler = compile_cache.versions(getattr(cfg, "libtpu_flags", ""))
+    if run.topology is not None and run.topology.platform == "gpu":
+      # What the GPU compiler is told of the GPU (the table's figures, the libraries' versions).
+      compiler += "," + topology.target_config(run.topology)
+    key = compile_cache.cache_key(benchmark, cfg, topology_name, with_eval, compiler)
     raw, changed = (None, []) if refresh else compile_cache.load(cache_dir, key)
     if raw is not None:
       say(f"{benchmark}: compiled before, read from {compile_cache.path_of(cache_dir, key)}")
@@ -332,10 +335,13 @@ def report(summary: dict[str, Any]) -> str:
              else f"; XLA's estimate is negative ({xla:.3g} s): unusable")
     if model:
       est = model.get("compiler_estimate_s")
-      lines.append(f"  model: {model['kernels']:,.0f} kernels {_ms(model['kernel_s'])} (matrix "
-                   f"unit {_ms(model['compute_s'])}, HBM {_ms(model['memory_s'])}, vector unit "
-                   f"{_ms(model.get('vector_s', 0.0))}, overhead "
-                   f"{_ms(model['overhead_s'])}), collectives {_ms(model['collective_s'])} of "
+      units = (f"tensor cores {_ms(model['compute_s'])}, HBM {_ms(model['memory_s'])}"
+               if summary["topology"].get("platform") == "gpu" else
+               f"matrix unit {_ms(model['compute_s'])}, HBM {_ms(model['memory_s'])}, vector "
+               f"unit {_ms(model.get('vector_s', 0.0))}")
+      lines.append(f"  model: {model['kernels']:,.0f} kernels {_ms(model['kernel_s'])} ({units}, "
+                   f"overhead {_ms(model['overhead_s'])}), collectives "
+                   f"{_ms(model['collective_s'])} of "
                    f"which exposed {_ms(model['exposed_collective_s'])} -> step "
                    f"{_ms(model['step_s'])} ({model['overlap']})"
                    + (f"; the TPU compiler's own kernel estimates add to {_ms(est)}" if est

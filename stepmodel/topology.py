@@ -223,14 +223,20 @@ def _versions() -> tuple[tuple[int, int, int], tuple[int, int]] | None:
   return None
 
 
-def _gpu_devices(topo: Topology) -> list:
+def target_config(topo: Topology) -> str:
+  """The GpuTargetConfig a GPU topology compiles with (`accelerators.target_config` for the
+  installed cuDNN and CUDA); a UserError naming the extra where they are not installed."""
   from importlib import util
   versions = _versions()
   if versions is None or not any(util.find_spec(f"jax_plugins.xla_cuda{m}") for m in (12, 13)):
     raise UserError(f"--topology={topo.name} needs JAX's CUDA plugin and NVIDIA's libraries "
                     f"(the GPU compiler), which the default CPU install leaves out; install "
                     f"them with {INSTALL_CUDA}")
-  config = accelerators.target_config(accelerators.gpu(topo.generation), *versions)
+  return accelerators.target_config(accelerators.gpu(topo.generation), *versions)
+
+
+def _gpu_devices(topo: Topology) -> list:
+  config = target_config(topo)
   hosts, per_host = topo.chips
   try:
     desc = topologies.get_topology_desc(platform="cuda", target_config=config,
