@@ -66,6 +66,9 @@ def plan(run: Run, *, shapes_only: bool = False) -> Planned:
   before the dataset is read."""
   shd = sharder(run)
   replicas = check_batches(run.cfg, shd, run.plan, run.process_count)
+  if getattr(run.cfg, "attention", "xla") == "cudnn" and run.devices[0].platform != "gpu":
+    raise UserError(f"--attention=cudnn runs cuDNN's fused kernel on NVIDIA GPUs; these devices "
+                    f"are {run.devices[0].platform}: pass --attention=xla")
   task = run.entry.build()(run.cfg, replicas=replicas, process_index=run.process_index,
                            process_count=run.process_count, shapes_only=shapes_only)
   if not task.remat_in_model:

@@ -60,6 +60,14 @@ def test_the_comparison_runs_its_cases_where_cudnn_is_absent():
   assert len(diffs) == 20 and all(d == 0.0 for d in diffs.values()), diffs
 
 
+def test_llamas_comparison_runs_where_cudnn_is_absent():
+  """Llama's own check (grouped-query, causal, no bias on cuDNN's side), XLA's path against
+  itself on CPU: the output and the four projections' gradients, all equal."""
+  from benchmarks.llama.suite import compare_attention
+  diffs = compare_attention(batch=2, length=16, against="xla")
+  assert len(diffs) == 5 and all(d == 0.0 for d in diffs.values()), diffs
+
+
 def _flash_backward_gap(cotangent_on_padded_queries: bool, full_rows: bool, causal: bool):
   """The value projection's gradient, relative difference between the exact softmax backward
   and one that recomputes the weights from a float32 log-sum-exp (FlashAttention-2's

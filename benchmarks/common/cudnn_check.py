@@ -98,16 +98,19 @@ def verify(measure: Callable[[], dict[str, float]] = compare) -> None:
   _VERIFIED.append(True)
 
 
-def check_backend(attention: str, compared: bool = True) -> None:
+def check_backend(attention: str, compared: bool = True, shapes_only: bool = False,
+                  measure: Callable[[], dict[str, float]] = compare) -> None:
   """cuDNN's fused attention runs on NVIDIA GPUs only: refused in one line elsewhere (jax
-  itself would fail tracing, "cuDNN is not detected"). A compile-only run for a TPU slice runs
-  on this host's default backend and is refused too. On a GPU (with `compared`), cuDNN's
-  output and gradients are first checked against XLA's (`verify`): refused in one line where
-  they differ."""
-  if attention != "cudnn":
+  itself would fail tracing, "cuDNN is not detected"). A compile-only build (`shapes_only`) is
+  checked by the harness against the devices it compiles for (GPU hosts: `--topology=h100:8`;
+  a TPU slice is refused there, `harness.build.plan`). On a GPU (with `compared`), cuDNN's
+  output and gradients are first checked against XLA's (`verify`, with the benchmark's own
+  `measure` where its attention is not the shared layer): refused in one line where they
+  differ."""
+  if attention != "cudnn" or shapes_only:
     return
   if jax.default_backend() != "gpu":
     raise UserError(f"--attention=cudnn runs cuDNN's fused kernel on NVIDIA GPUs; this run's "
                     f"backend is {jax.default_backend()}: pass --attention=xla")
   if compared:
-    verify()
+    verify(measure)

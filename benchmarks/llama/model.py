@@ -123,9 +123,14 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-  """Grouped-query causal self-attention with rotary positions."""
+  """Grouped-query causal self-attention with rotary positions. `implementation`: "xla", the
+  dots and softmax below (every backend); "cudnn", cuDNN's fused flash attention through
+  `jax.nn.dot_product_attention` (NVIDIA GPUs, bfloat16), which never writes the (length x
+  length) weights to memory (Dao et al., FlashAttention, arXiv:2205.14135). `bias` None (cuDNN
+  only): one segment per row, the causal mask alone."""
   shape: Shape
   dtype: Any = jnp.float32
+  implementation: str = "xla"
 
   @nn.compact
   def __call__(self, x, bias, position):
@@ -143,6 +148,14 @@ class Attention(nn.Module):
     q = rotate(constrain(jnp.einsum("bld,dhk->blhk", xd, wq.astype(dt)), Q), position, freq)
     key = rotate(constrain(jnp.einsum("bld,dhk->blhk", xd, wk.astype(dt)), KV), position, freq)
     v = constrain(jnp.einsum("bld,dhk->blhk", xd, wv.astype(dt)), KV)
+    if self.implementation == "cudnn":
+      # Grouped-query heads as jax takes them: keys and values with kv_heads, a divisor of the
+      # query's heads. A bias (several segments a row) is given whole, as cuDNN takes it.
+      if bias is not None:
+        bias = jnp.broadcast_to(bias, (bias.shape[0], h) + bias.shape[2:]).astype(dt)
+      o = jax.nn.dot_product_attention(q, key, v, bias=bias, scale=k ** -0.5,
+                                       is_causal=bias is None, implementation="cudnn")
+      return constrain(jnp.einsum("blhk,hkd->bld", constrain(o, Q), wo.astype(dt)), EMB)
     # Query heads in groups, one group per key/value head: (batch, length, kv_heads, group, d_kv).
     qg = q.reshape(q.shape[:2] + (kvh, h // kvh, k)) * (k ** -0.5)
     logits = jnp.einsum("bqngk,bsnk->bngqs", qg, key).astype(f) + bias[:, :, None]
@@ -171,12 +184,13 @@ class SwiGLU(nn.Module):
 class Block(nn.Module):
   shape: Shape
   dtype: Any = jnp.float32
+  attention: str = "xla"
 
   @nn.compact
   def __call__(self, x, bias, position):
     """(the layer's output, None): the carry and output of one step of the layers' scan."""
     s = self.shape
-    x = x + Attention(s, self.dtype, name="attention")(
+    x = x + Attention(s, self.dtype, self.attention, name="attention")(
         RMSNorm(s.norm_eps, self.dtype, name="attention_norm")(x), bias, position)
     x = x + SwiGLU(s.d_ff, self.dtype, name="feed_forward")(
         RMSNorm(s.norm_eps, self.dtype, name="feed_forward_norm")(x))
@@ -190,18 +204,22 @@ class Llama(nn.Module):
   dtype: Any = jnp.float32
   remat: str = "none"
   scan: bool = True    # the layers as one scanned block; False: one block per layer, unrolled
+  attention: str = "xla"   # `Attention.implementation`
 
   @nn.compact
   def __call__(self, tokens, segment=None, position=None):
     s, f = self.shape, param_dtype(self.dtype)
-    # One segment unless told (id 0 is a real token of Llama 3.1's vocabulary, not padding).
+    # One segment unless told (id 0 is a real token of Llama 3.1's vocabulary, not padding):
+    # then the causal mask alone, which cuDNN's kernel applies itself (no bias).
+    one_segment = segment is None
     segment = jnp.ones_like(tokens, jnp.int32) if segment is None else segment
     position = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape) \
         if position is None else position
     embedding = self.param("embedding", named_init(nn.initializers.normal(1.0),
                                                    ("vocab", "embed")), (s.vocab, s.d_model), f)
     x = constrain(jnp.take(embedding, tokens, axis=0).astype(self.dtype), EMB)
-    bias = attention_bias(segment, segment, causal=True)
+    bias = (None if one_segment and self.attention == "cudnn"
+            else attention_bias(segment, segment, causal=True))
     # The layers as one scanned block (flax's `nn.scan` over `jax.lax.scan`): each parameter
     # is stacked over a leading "layers" dimension, and the compiled step holds one layer's
     # program, which reads its slice of every stack per iteration (as MaxText's scanned layers).
@@ -214,10 +232,10 @@ class Llama(nn.Module):
       layers = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
                        in_axes=(nn.broadcast, nn.broadcast), length=s.num_layers,
                        metadata_params={nn.PARTITION_NAME: LAYERS})
-      x, _ = layers(s, self.dtype, name="layers")(x, bias, position)
+      x, _ = layers(s, self.dtype, self.attention, name="layers")(x, bias, position)
     else:
       for i in range(s.num_layers):
-        x, _ = block(s, self.dtype, name=f"layer_{i}")(x, bias, position)
+        x, _ = block(s, self.dtype, self.attention, name=f"layer_{i}")(x, bias, position)
     x = RMSNorm(s.norm_eps, self.dtype, name="final_norm")(x)
     w = self.param("logits", named_init(nn.initializers.normal(s.d_model ** -0.5),
                                         ("embed", "vocab")), (s.d_model, s.vocab), f)

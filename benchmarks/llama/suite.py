@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
+from benchmarks.common.cudnn_check import check_backend
 from benchmarks.common.layers import compute_dtype
-from benchmarks.common.transformer import xent
+from benchmarks.common.transformer import attention_bias, xent
 from benchmarks.llama import data as data_lib
 from benchmarks.llama import model as model_lib
 from benchmarks.llama.config import MODEL_DIMS, Config
@@ -33,6 +35,37 @@ def shape(cfg: Config) -> model_lib.Shape:
       num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, d_ff=cfg.d_ff,
       rope_theta=cfg.rope_theta,
       rope_scaling=model_lib.RopeScaling() if cfg.rope_scaling else None)
+
+
+def compare_attention(batch=2, length=128, seed=0, against: str = "cudnn") -> dict[str, float]:
+  """Llama's attention through `against` ("cudnn") and through XLA's path, on this machine's
+  devices: grouped-query (8 query heads over 2 key/value heads of 64), causal, one segment a
+  row, bfloat16; the largest |`against` - xla| / largest |xla| of the output and of each
+  projection's gradient (`benchmarks.common.cudnn_check.verify` judges them)."""
+  s = model_lib.Shape(vocab=16, num_layers=1, d_model=512, num_heads=8, num_kv_heads=2,
+                      d_ff=64, rope_theta=10000.0, rope_scaling=None)
+  rng = np.random.default_rng(seed)
+  x = jnp.asarray(rng.normal(size=(batch, length, s.d_model)), jnp.bfloat16)
+  position = jnp.broadcast_to(jnp.arange(length), (batch, length))
+  xla_bias = attention_bias(*(jnp.ones((batch, length), jnp.int32),) * 2, causal=True)
+  layers = {i: model_lib.Attention(s, jnp.bfloat16, i) for i in ("xla", against)}
+  params = layers["xla"].init(jax.random.PRNGKey(seed), x, xla_bias, position)
+
+  def run(impl):
+    bias = xla_bias if impl == "xla" else None
+    y, vjp = jax.vjp(lambda p: layers[impl].apply(p, x, bias, position), params)
+    return y, vjp(jnp.ones_like(y))[0]
+
+  (y0, g0), (y1, g1) = jax.jit(lambda: run("xla"))(), jax.jit(lambda: run(against))()
+
+  def rel(a, b):
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(a)), 1e-30))
+  out = {"llama, grouped-query causal: output": rel(y0, y1)}
+  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(g0), jax.tree.leaves(g1)):
+    out[f"llama, grouped-query causal: d{[k.key for k in path if hasattr(k, 'key')][-1]}"] = \
+        rel(a, b)
+  return out
 
 
 def schedule(cfg: Config):
@@ -84,9 +117,10 @@ def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int
   """`replicas`: the ways each forward pass's batch is split, so a replica's micro-batch is
   global_batch_size / replicas."""
   dtype = compute_dtype(cfg.dtype)
+  check_backend(cfg.attention, shapes_only=shapes_only, measure=compare_attention)
   data = (shapes_only and data_lib.describe(cfg, process_count)) or data_lib.make(
       cfg, process_index, process_count)
-  model = model_lib.Llama(shape(cfg), dtype, cfg.remat, cfg.scan_layers)
+  model = model_lib.Llama(shape(cfg), dtype, cfg.remat, cfg.scan_layers, cfg.attention)
   lr = schedule(cfg)
 
   def init(rng):

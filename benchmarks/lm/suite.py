@@ -107,7 +107,7 @@ def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int
   accumulation micro-batches), so the per-replica micro-batch is global_batch_size / replicas.
   `shapes_only`: lm1b is described, not read; the vocabulary is --vocab_size (compile-only)."""
   compute_dtype(cfg.dtype)
-  check_backend(cfg.attention)
+  check_backend(cfg.attention, shapes_only=shapes_only)
   say = (lambda s: print(s, flush=True)) if process_index == 0 else (lambda s: None)
   described = shapes_only and data_lib.describe(cfg, process_count)
   if described:

@@ -92,7 +92,7 @@ def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int
   runs: no tokenizer, no BLEU)."""
   del replicas
   compute_dtype(cfg.dtype)
-  check_backend(cfg.attention)
+  check_backend(cfg.attention, shapes_only=shapes_only)
   say = (lambda s: print(s, flush=True)) if process_index == 0 else (lambda s: None)
   described = shapes_only and data_lib.describe(cfg, process_count)
   if described:
