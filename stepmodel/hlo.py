@@ -242,16 +242,22 @@ def conv_parts(ins: dict[str, str], shapes: dict[str, str]) -> tuple[float, int,
   ops = operands(ins)
   if len(ops) < 2:
     return None
-  lhs, rhs, out = (dims(shapes.get(ops[0], "")), dims(shapes.get(ops[1], "")),
-                   dims(ins["shape"]))
-  labels = re.search(r"dim_labels=([^_\s]+)_([^-\s]+)->([^,\s]+)", ins["rest"])
+  return _conv_parts(dims(shapes.get(ops[0], "")), dims(shapes.get(ops[1], "")),
+                     dims(ins["shape"]), ins["rest"])
+
+
+def _conv_parts(lhs: list[int], rhs: list[int], out: list[int],
+                rest: str) -> tuple[float, int, int] | None:
+  """`conv_parts` of a convolution of input `lhs`, filter `rhs` and output `out` dimensions,
+  with the dimension labels and window of its attributes (`rest`)."""
+  labels = re.search(r"dim_labels=([^_\s]+)_([^-\s]+)->([^,\s]+)", rest)
   if not labels or not lhs or not rhs or not out:
     return None
   ll, rl, ol = labels.groups()
   if len(ll) != len(lhs) or len(rl) != len(rhs) or len(ol) != len(out):
     return None
   spatial = sorted(c for c in ll if c.isdigit())
-  win = _window(ins["rest"], len(spatial))
+  win = _window(rest, len(spatial))
   pairs = 1
   for d, c in enumerate(spatial):
     size = win["size"][d] if win["size"][d] is not None else rhs[rl.index(c)]
@@ -309,33 +315,27 @@ def library_flops(ins: dict[str, str], shapes: dict[str, str]) -> float:
                   if i < len(lhs))
     return 2.0 * math.prod(_first_dims(ins["shape"])) * k
   if target in _CONVS and len(ops) >= 2:
-    result = _first_dims(ins["shape"])
-    result = "[" + ",".join(map(str, result)) + "]"
-    lhs, rhs, out = {"forward": (ops[0], ops[1], None), "input": (None, ops[1], ops[0]),
-                     "filter": (ops[0], None, ops[1])}[_CONVS[target]]
-    forward = {"lhs": shapes.get(lhs, "") if lhs else "x" + result,
-               "rhs": shapes.get(rhs, "") if rhs else "x" + result}
-    conv = {"op": "convolution", "args": "lhs, rhs", "rest": ins["rest"],
-            "shape": shapes.get(out, "") if out else "x" + result}
-    parts = conv_parts(conv, forward)
+    a, b, result = dims(shapes.get(ops[0], "")), dims(shapes.get(ops[1], "")), \
+        _first_dims(ins["shape"])
+    lhs, rhs, out = {"forward": (a, b, result), "input": (result, b, a),
+                     "filter": (a, result, b)}[_CONVS[target]]
+    parts = _conv_parts(lhs, rhs, out, ins["rest"])
     return 2.0 * parts[0] if parts else 0.0
   if target.startswith("__cudnn$fmha") and ops:
     m = re.search(r'"intermediate_tensor_shape":\s*\{[^{}]*?"dimensions":\s*\[(?P<d>[^\]]*)\]',
                   ins["rest"])
     scores = [int(x) for x in re.findall(r"[0-9]+", m.group("d"))] if m else []
     q = dims(shapes.get(ops[0], ""))
+    if not scores or not q:
+      return 0.0
     backward = "Backward" in target
     block = re.search(r'"bmm1_dot_dimension_numbers":\s*\{(?P<b>[^{}]*)\}', ins["rest"])
     contracted = _numbers(block.group("b"), "lhs_contracting_dimensions") if block else []
     # The backward call's query is laid out (B, S, H, D) like the forward's operand.
     depth = q[-1] if backward or not contracted else math.prod(q[i] for i in contracted
                                                                 if i < len(q))
-    if not scores or not q:
-      return 0.0
-    matmuls = 5 if backward else 2
-    causal = 0.5 if '"mask_type": "CAUSAL"' in ins["rest"] or '"mask_type":"CAUSAL"' in \
-        ins["rest"] else 1.0
-    return 2.0 * matmuls * math.prod(scores) * depth * causal
+    causal = 0.5 if re.search(r'"mask_type":\s*"CAUSAL"', ins["rest"]) else 1.0
+    return 2.0 * (5 if backward else 2) * math.prod(scores) * depth * causal
   return 0.0
 
 

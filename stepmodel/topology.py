@@ -195,15 +195,21 @@ def devices(topo: Topology) -> list:
                     f"leaves out; install it with {INSTALL}") from None
   gen = accelerators.GENERATIONS[topo.generation]
   kwargs = {"chip_config_name": "megacore"} if gen.splits_megacore and topo.megacore else {}
+  return _described(topo, "libtpu", "the slice", topology_name=topo.name.replace(":cores", ""),
+                    platform="tpu", **kwargs)
+
+
+def _described(topo: Topology, who: str, what: str, **kwargs) -> list:
+  """The devices of `jax.experimental.topologies.get_topology_desc(**kwargs)`, `who` (libtpu,
+  JAX's CUDA plugin) refusing `what` in one line, and checked against the topology's count."""
   try:
-    desc = topologies.get_topology_desc(topology_name=topo.name.replace(":cores", ""),
-                                        platform="tpu", **kwargs)
-  except Exception as e:  # libtpu's own message says why
-    raise UserError(f"--topology={topo.name}: libtpu refused the slice: "
+    desc = topologies.get_topology_desc(**kwargs)
+  except Exception as e:  # its own message says why
+    raise UserError(f"--topology={topo.name}: {who} refused {what}: "
                     f"{str(e).splitlines()[0]}") from None
   devs = list(desc.devices)
   if len(devs) != topo.num_devices:
-    raise UserError(f"--topology={topo.name}: libtpu gave {len(devs)} devices, expected "
+    raise UserError(f"--topology={topo.name}: {who} gave {len(devs)} devices, expected "
                     f"{topo.num_devices}")
   return devs
 
@@ -236,19 +242,9 @@ def target_config(topo: Topology) -> str:
 
 
 def _gpu_devices(topo: Topology) -> list:
-  config = target_config(topo)
   hosts, per_host = topo.chips
-  try:
-    desc = topologies.get_topology_desc(platform="cuda", target_config=config,
-                                        topology=f"1x{hosts}x{per_host}")
-  except Exception as e:  # the plugin's own message says why
-    raise UserError(f"--topology={topo.name}: JAX's CUDA plugin refused the topology: "
-                    f"{str(e).splitlines()[0]}") from None
-  devs = list(desc.devices)
-  if len(devs) != topo.num_devices:
-    raise UserError(f"--topology={topo.name}: the CUDA plugin gave {len(devs)} devices, "
-                    f"expected {topo.num_devices}")
-  return devs
+  return _described(topo, "JAX's CUDA plugin", "the topology", platform="cuda",
+                    target_config=target_config(topo), topology=f"1x{hosts}x{per_host}")
 
 
 def coords(devs) -> list[tuple[int, int, int, int]]:
