@@ -44,11 +44,49 @@ def _is_kernel(params):
       lambda path, _: getattr(path[-1], "key", None) == "kernel", params)
 
 
+def lars(lr, weight_decay: float, trust_coefficient: float, eps: float, momentum: float,
+         mask=_is_kernel) -> optax.GradientTransformation:
+  """`optax.lars` (You et al. 2017, arXiv 1708.03888; weight decay and the trust ratio on the
+  tensors `mask` selects, heavy-ball momentum), its state and its arithmetic, written as one
+  update per tensor: a kernel's two norms, of the weights and of the decayed gradient, taken in
+  one variadic reduction. optax's chain takes them in two, each of two kernels on a GPU, beside
+  the update's own (ResNet-50's step on a GPU: 1,660 -> 1,519 kernels; XLA's GPU compiler,
+  2026-12-05), and on the CPU keeps a float32 copy of the weights in temporaries. (A sum over
+  the two stacked did the same on a GPU in more kernels, and on the CPU made the copy.)"""
+  ref = optax.lars(lr, weight_decay=weight_decay, weight_decay_mask=mask,
+                   trust_coefficient=trust_coefficient, eps=eps, trust_ratio_mask=mask,
+                   momentum=momentum)
+
+  def update(grads, state, params):
+    decay_state, trust_state, rate_state, trace_state = state
+    if callable(lr):
+      rate = lr(rate_state.count)
+      rate_state = rate_state._replace(count=optax.safe_increment(rate_state.count))
+    else:
+      rate = lr
+
+    def one(g, w, v, kernel):
+      if kernel:
+        u = g + weight_decay * w
+        zero = jnp.zeros((), w.dtype)
+        w_sq, u_sq = jax.lax.reduce((w * w, u * u), (zero, zero),
+                                    lambda a, b: (a[0] + b[0], a[1] + b[1]),
+                                    tuple(range(w.ndim)))
+        w_norm, u_norm = jnp.sqrt(w_sq), jnp.sqrt(u_sq)
+        ratio = trust_coefficient * w_norm / (u_norm + eps)
+        g = u * jnp.where((w_norm == 0) | (u_norm == 0), jnp.ones_like(ratio), ratio)
+      return -rate * g + momentum * v
+
+    trace = jax.tree.map(one, grads, params, trace_state.trace, mask(params))
+    return trace, (decay_state, trust_state, rate_state, trace_state._replace(trace=trace))
+
+  return optax.GradientTransformation(ref.init, update)
+
+
 def optimizer(cfg: Config, lr):
   if cfg.optimizer == "lars":
-    return optax.lars(lr, weight_decay=cfg.weight_decay, weight_decay_mask=_is_kernel,
-                      trust_coefficient=cfg.lars_trust_coefficient, eps=cfg.lars_epsilon,
-                      trust_ratio_mask=_is_kernel, momentum=cfg.momentum)
+    return lars(lr, cfg.weight_decay, cfg.lars_trust_coefficient, cfg.lars_epsilon,
+                cfg.momentum)
   return optax.chain(optax.add_decayed_weights(cfg.weight_decay, mask=_is_kernel),
                      optax.sgd(lr, momentum=cfg.momentum))
 
