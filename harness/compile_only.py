@@ -173,7 +173,8 @@ def summarize(raw: dict[str, Any], cfg, overlap: str = "schedule",
     prediction = _prediction(cfg, timeline(cfg, spec, raw["dataset"]["steps_per_epoch"]),
                              raw["dataset"]["eval_steps"], train, evals)
     if prediction is not None:
-      prediction.update(utilization(raw, cfg.global_batch_size, prediction["step_s"], device))
+      prediction.update(utilization(raw, cfg.global_batch_size, prediction["step_s"], device,
+                                    cfg))
   summary = {
       "benchmark": raw["benchmark"],
       "mlperf_benchmark": raw["mlperf_benchmark"],
@@ -257,18 +258,28 @@ def _prediction(cfg, blocks, eval_steps: int, train, evals) -> dict[str, Any] | 
 
 
 def utilization(raw: dict[str, Any], global_batch: int, step_s: float | None,
-                device: dict[str, float] | None) -> dict[str, Any]:
-  """Model FLOPs utilization of a train step of `step_s` seconds: the benchmark's analytic model
-  FLOPs of a step (`Task.flops_per_example` x the global batch: 3 x the forward's matmuls, the
-  same count as a run's `throughput`) over the slice's devices' bf16 peak (`stepmodel.accelerators`,
-  each figure cited there). Empty where the benchmark counts no model FLOPs or the slice has
-  no peak."""
-  per_example = raw.get("model_flops_per_example")
-  if not per_example or not device or not step_s:
+                device: dict[str, float] | None, cfg=None) -> dict[str, Any]:
+  """The rates of a modelled train step of `step_s` seconds: examples/s per device; for a
+  benchmark whose loss weighs tokens, tokens/s per device counted as every position of a row
+  (`max_sequence_length` x the batch: a full C4 row's tokens for Llama, padding included for
+  the others); model FLOPs utilization: the benchmark's analytic model FLOPs of a step
+  (`Task.flops_per_example` x the global batch: 3 x the forward's matmuls, the same count as a
+  run's `throughput`) over the slice's devices' bf16 peak (`stepmodel.accelerators`, each figure
+  cited there). Empty where there is no step; no MFU where the benchmark counts no model FLOPs
+  or the slice has no peak."""
+  if not step_s or not raw.get("devices"):
     return {}
-  per_step = per_example * global_batch
-  return {"model_flops_per_step": per_step,
-          "mfu": per_step / raw["devices"] / step_s / device["peak_flops"]}
+  out: dict[str, Any] = {"examples_per_s_per_device": global_batch / step_s / raw["devices"]}
+  spec = registry.BENCHMARKS[raw["benchmark"]].spec
+  length = getattr(cfg, "max_sequence_length", None)
+  if spec.weight_unit == "tokens" and length:
+    out["tokens_per_s_per_device"] = out["examples_per_s_per_device"] * length
+  per_example = raw.get("model_flops_per_example")
+  if per_example and device:
+    per_step = per_example * global_batch
+    out.update({"model_flops_per_step": per_step,
+                "mfu": per_step / raw["devices"] / step_s / device["peak_flops"]})
+  return out
 
 
 def refuse(summary: dict[str, Any]) -> None:
@@ -352,11 +363,15 @@ def report(summary: dict[str, Any]) -> str:
                  f"{_ms(p['step_s'])} + {p['evaluations']} evaluations x {p['eval_steps']} "
                  f"steps x {_ms(p['eval_step_s'])} = {p['minutes']:.3g} minutes from run_start "
                  f"to run_stop")
+    rate = (f"{p['tokens_per_s_per_device']:,.0f} tokens/s" if "tokens_per_s_per_device" in p
+            else f"{p['examples_per_s_per_device']:,.0f} examples/s")
     if "mfu" in p:
-      lines.append(f"model FLOPs utilization {p['mfu']:.1%} at the modelled step "
-                   f"({_si(p['model_flops_per_step'], 'FLOP')} per step, analytic, over "
+      lines.append(f"model FLOPs utilization {p['mfu']:.1%} at the modelled step, {rate} per "
+                   f"device ({_si(p['model_flops_per_step'], 'FLOP')} per step, analytic, over "
                    f"{summary['topology']['devices']} devices at "
                    f"{_si(summary['topology']['peak_flops_per_device'], 'FLOP/s')} each)")
+    else:
+      lines.append(f"{rate} per device at the modelled step")
   return "\n".join(lines)
 
 
