@@ -106,6 +106,9 @@ def test_prediction_is_steps_times_step_plus_evaluations(resnet_v3):
   assert p["model_flops_per_step"] == pytest.approx(flops)
   assert p["mfu"] == pytest.approx(flops / 8 / p["step_s"] / 61.5e12)
   assert 0 < p["mfu"] < 1
+  assert p["examples_per_s_per_device"] == pytest.approx(
+      cfg.global_batch_size / p["step_s"] / 8)
+  assert "tokens_per_s_per_device" not in p        # ResNet's loss weighs images
 
 
 def _run(*args, cwd=ROOT):

@@ -6,14 +6,15 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import linen as nn
 
-from benchmarks.common.convnet import BatchNorm
+from benchmarks.common.convnet import BatchNorm, max_pool_3x3, relu_by_output
 from benchmarks.data import array_batches, num_steps, padded
 from benchmarks.resnet import data as data_lib
 from benchmarks.resnet.config import PRESETS
-from benchmarks.resnet.suite import schedule
+from benchmarks.resnet.suite import lars, schedule
 
 
 @pytest.mark.parametrize("span", [None, 2, 4])
@@ -32,6 +33,32 @@ def test_batch_norm_groups_of_span_examples(span):
                              0.1 * mean.reshape(-1, 5).mean(0), rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("shape,dtype", [((2, 8, 8, 3), jnp.float32), ((2, 7, 9, 4), jnp.float32),
+                                         ((3, 12, 10, 5), jnp.bfloat16)])
+def test_stem_pool_has_flax_max_pools_value_and_gradient(shape, dtype):
+  """max_pool_3x3's own backward pass against jax's (select-and-scatter): small integers make
+  many windows hold their maximum twice, where the gradient must go to the first in row-major
+  order only; integer gradients keep every sum exact, so the two must be equal bit for bit."""
+  ref = lambda x: nn.max_pool(x, (3, 3), (2, 2), padding=((1, 1), (1, 1)))
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.integers(-2, 3, shape), dtype)
+  y, back = jax.vjp(max_pool_3x3, x)
+  y_ref, back_ref = jax.vjp(ref, x)
+  g = jnp.asarray(rng.integers(-50, 50, y_ref.shape), dtype)
+  assert y.dtype == y_ref.dtype and back(g)[0].dtype == dtype
+  np.testing.assert_array_equal(np.asarray(y, np.float32), np.asarray(y_ref, np.float32))
+  np.testing.assert_array_equal(np.asarray(back(g)[0], np.float32),
+                                np.asarray(back_ref(g)[0], np.float32))
+
+
+def test_block_relu_has_jax_relus_gradient():
+  x = jnp.asarray([-2.0, -0.0, 0.0, 1e-30, 3.0])
+  g = jnp.asarray([1.0, 2.0, 3.0, 4.0, 5.0])
+  np.testing.assert_array_equal(jax.vjp(relu_by_output, x)[1](g)[0],
+                                jax.vjp(jax.nn.relu, x)[1](g)[0])
+  np.testing.assert_array_equal(relu_by_output(x), jax.nn.relu(x))
+
+
 def test_lars_schedule_warmup_then_poly2_decay():
   cfg = dataclasses.replace(PRESETS["tpu-v3-2048"], warmup_epochs=2, schedule_epochs=10)
   lr, warmup, decay = schedule(cfg, steps_per_epoch=100)
@@ -41,6 +68,37 @@ def test_lars_schedule_warmup_then_poly2_decay():
   mid = 1e-4 + (31.2 - 1e-4) * (1 - 400 / 800) ** 2                  # poly power 2
   np.testing.assert_allclose(float(lr(600)), mid, rtol=1e-5)
   np.testing.assert_allclose(float(lr(1000)), 1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rate", [0.5, "schedule"])
+def test_lars_is_optax_lars(rate):
+  """meshperf's LARS (one update per tensor) against optax.lars itself, in float64 over three
+  steps: the same state tree and the same updates; a zero kernel and a zero gradient take the
+  trust ratio 1, as optax's do."""
+  with jax.enable_x64(True):
+    lr = (lambda count: 0.5 / (1.0 + count)) if rate == "schedule" else rate
+    rng = np.random.default_rng(0)
+    params = {"conv": {"kernel": jnp.asarray(rng.normal(size=(3, 3, 4, 5)))},
+              "zero": {"kernel": jnp.zeros((2, 3))},
+              "still": {"kernel": jnp.asarray(rng.normal(size=(4, 2)))},
+              "bn": {"scale": jnp.asarray(rng.normal(size=5)), "bias": jnp.zeros(5)}}
+    kw = dict(weight_decay=1e-2, trust_coefficient=1e-3, eps=1e-9, momentum=0.9)
+    ours = lars(lr, kw["weight_decay"], kw["trust_coefficient"], kw["eps"], kw["momentum"])
+    mask = jax.tree_util.tree_map_with_path(
+        lambda path, _: getattr(path[-1], "key", None) == "kernel", params)
+    ref = optax.lars(lr, weight_decay_mask=mask, trust_ratio_mask=mask, **kw)
+    a, b = ours.init(params), ref.init(params)
+    assert jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b)
+    pa = pb = params
+    for step in range(3):
+      grads = jax.tree.map(lambda x: jnp.asarray(rng.normal(size=x.shape)), params)
+      grads["still"]["kernel"] = jnp.zeros((4, 2))             # a zero gradient
+      ua, a = ours.update(grads, a, pa)
+      ub, b = ref.update(grads, b, pb)
+      jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-13, atol=1e-16), ua, ub)
+      jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-13, atol=1e-16), a, b)
+      pa, pb = optax.apply_updates(pa, ua), optax.apply_updates(pb, ub)
+    assert float(jnp.abs(pa["conv"]["kernel"] - params["conv"]["kernel"]).max()) > 0
 
 
 @pytest.mark.parametrize("processes", [1, 2, 4])
