@@ -156,6 +156,16 @@ def manual_axes() -> tuple[str, ...]:
   return _MANUAL.get()
 
 
+def splits(x: jax.Array, names: Names, dims: Sequence[str]) -> bool:
+  """Whether `constrain(x, names)` splits any of `dims` over devices (False outside `use`)."""
+  sharder = _CURRENT.get()
+  if sharder is None:
+    return False
+  spec = sharder.spec(names, what="activation")
+  return any(_small_map_guard(e, n, d, sharder) is not None
+             for e, n, d in zip(spec, names, x.shape) if n in dims)
+
+
 def constrain(x: jax.Array, names: Names) -> jax.Array:
   """Shards an activation by its dimension names (no-op outside `use`).
 

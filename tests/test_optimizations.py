@@ -274,8 +274,11 @@ def test_spatial_partitioning_halo_exchange_and_smaller_activations(programs):
   off, on = programs["sp_off"][0].step_cost, programs["sp_on"][0].step_cost
   assert off["collectives"]["collective-permute"]["count"] == 0
   assert on["collectives"]["collective-permute"]["count"] > 0        # halo exchange
-  # 64x64 images, height over 4 devices: activations (temps) per device fall by more than half.
-  assert on["memory_per_device"]["temp_bytes"] < 0.5 * off["memory_per_device"]["temp_bytes"]
+  # 64x64 images, height over 4 devices: activations (temps) per device fall by more than 40%.
+  # (By half until the stem's pool got its own backward pass, which the unsplit program uses
+  # and the split one cannot (`convnet.stem`): 2026-12-05, unsplit 6.19 -> 4.39 MB, split 2.44
+  # -> 2.43 MB.)
+  assert on["memory_per_device"]["temp_bytes"] < 0.6 * off["memory_per_device"]["temp_bytes"]
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from flax import linen as nn
 
 from benchmarks.common.layers import layer_output, named_init, param_dtype
 from mesh import constrain
-from mesh.sharding import manual_axes
+from mesh.sharding import SPATIAL_DIMS, manual_axes, splits
 from runtime.errors import UserError
 
 ACT = ("batch", "height", "width", "channels")
@@ -222,7 +222,12 @@ def stem(x, width: int, bn_span, dtype, train: bool):
   compact module, whose parameters it names ("stem", "BatchNorm_0")."""
   x = conv(x, width, 7, 2, name="stem", dtype=dtype)
   x = nn.relu(BatchNorm(bn_span, dtype=dtype)(x, train))
-  x = max_pool_3x3(x)
+  if splits(x, ACT, SPATIAL_DIMS):
+    # Split over height or width (spatial partitioning): XLA's SPMD partitioner exchanges the
+    # pooling window's halo for its own reduce-window, not for max_pool_3x3's strided views.
+    x = nn.max_pool(x, (3, 3), (2, 2), padding=((1, 1), (1, 1)))
+  else:
+    x = max_pool_3x3(x)
   return constrain(x, ACT)
 
 
