@@ -3,10 +3,12 @@ the real `imagenet2012` builder's features and writer, read without TensorFlow."
 
 import sys
 
+import jax
 import numpy as np
 import pytest
 
 from benchmarks.resnet import data as data_lib
+from benchmarks.resnet import suite
 from harness import run as runs
 from harness import train
 from runtime.errors import UserError
@@ -26,9 +28,15 @@ def test_reads_train_and_validation_without_tensorflow(imagenet_dir):
   batches = list(d.train(0))
   assert len(batches) == d.steps_per_epoch
   b = batches[0]
-  assert b["image"].shape == (16, 32, 32, 3) and b["image"].dtype == np.float32
+  # uint8 pixels, normalized in the compiled step: as numpy normalizes them.
+  assert b["image"].shape == (16, 32, 32, 3) and b["image"].dtype == np.uint8
   assert b["label"].dtype == np.int32 and set(b["label"]) <= {(7 * i) % 1000 for i in range(70)}
-  assert abs(float(b["image"].mean())) < 3   # normalized
+  on_device = np.asarray(jax.jit(suite.device_image)(b["image"]))
+  want = (b["image"].astype(np.float32) - np.array([0.485, 0.456, 0.406]) * 255) / (
+      np.array([0.229, 0.224, 0.225]) * 255)
+  assert on_device.dtype == np.float32
+  np.testing.assert_allclose(on_device, want, rtol=1e-6, atol=1e-6)
+  assert abs(float(on_device.mean())) < 3
   # Shuffled differently per epoch.
   assert not np.array_equal(np.concatenate([x["label"] for x in d.train(0)]),
                             np.concatenate([x["label"] for x in d.train(1)]))

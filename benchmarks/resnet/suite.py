@@ -38,6 +38,15 @@ def schedule(cfg: Config, steps_per_epoch: int):
   return lr, warmup, decay
 
 
+def device_image(image):
+  """A batch's images as the model takes them, inside the compiled step: ImageNet's uint8
+  pixels normalized by its channel means and deviations, in float32 (`data.py`: they leave the
+  host as uint8); float images (digits, synthetic) as they are."""
+  if image.dtype != jnp.uint8:
+    return image
+  return (image.astype(jnp.float32) - data_lib.IMAGENET_MEAN) / data_lib.IMAGENET_STD
+
+
 def _is_kernel(params):
   """Weight decay and LARS adaptation apply to kernels only (not batch norm or biases)."""
   return jax.tree_util.tree_map_with_path(
@@ -155,8 +164,9 @@ def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int
 
   def loss(params, model_state, batch, rng):
     del rng
-    logits, new_state = model.apply({"params": params, **model_state}, batch["image"],
-                                    train=True, mutable=["batch_stats"])
+    logits, new_state = model.apply({"params": params, **model_state},
+                                    device_image(batch["image"]), train=True,
+                                    mutable=["batch_stats"])
     labels = optax.smooth_labels(jax.nn.one_hot(batch["label"], cfg.num_classes),
                                  cfg.label_smoothing)
     total = optax.softmax_cross_entropy(logits, labels).sum()
@@ -165,7 +175,8 @@ def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int
     return total, LossAux(weight, new_state, {"accuracy": correct})
 
   def eval_stats(params, model_state, batch):
-    logits = eval_model.apply({"params": params, **model_state}, batch["image"], train=False)
+    logits = eval_model.apply({"params": params, **model_state}, device_image(batch["image"]),
+                              train=False)
     correct = (jnp.argmax(logits, -1) == batch["label"]).astype(jnp.float32)
     return {"correct": jnp.sum(correct * batch["mask"]), "count": jnp.sum(batch["mask"])}
 
