@@ -68,6 +68,7 @@ class Progress:
     self.last = time.time()
     self.step_times: list[float] = []
     self.weights: list[float] = []
+    self.input_wait_s = 0.0        # the loop waiting for the input pipeline's next batch
 
   def recent(self) -> tuple[float | None, float | None]:
     """The median step time and weight of the last 50 fetched steps (None before any)."""
@@ -124,7 +125,9 @@ def train_block(steps: Steps, state, block: Block, batches, window: stops.Metric
   single = jax.process_count() == 1
   for k in range(block.steps):
     mark(doing=f"reading the batch of step {block.first_step + k + 1}")
+    t0 = time.perf_counter()
     step, batch = next(batches)
+    progress.input_wait_s += time.perf_counter() - t0
     mark(doing=f"training step {step + 1}")
     epoch, i = divmod(step, per_epoch)
     if spec.cadence == "epochs" and (i == 0 or k == 0 and block.first_step % per_epoch):
@@ -459,6 +462,9 @@ def summary(r: Training, out: Outcome, progress: Progress, init_s: float, run_s:
       "examples_per_s": cfg.global_batch_size / median_step if step_times else None,
       "throughput": progress.rates.summary(median_step, median_weight),
       "steps": len(step_times),
+      # Seconds the loop waited for the input pipeline's next (placed) batch, of `training`:
+      # near 0 when the pipeline keeps ahead of the devices.
+      "input_wait_s": progress.input_wait_s,
       "evals": out.evals,
       "eval_s": [e["eval_s"] for e in out.evals],
       "flops_per_device_per_step": step_cost["flops_per_device"],

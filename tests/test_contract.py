@@ -53,6 +53,7 @@ def test_tiny_preset_end_to_end(name, tmp_path, monkeypatch):
   assert summary["steps"] > 0 and summary["evals"] and summary["final_quality"] is not None
   assert summary["mlperf_benchmark"] == spec.mlperf_name
   assert summary["higher_is_better"] == spec.higher_is_better
+  assert 0 < summary["input_wait_s"] <= summary["phases_s"]["training"]
   t = summary["throughput"]          # the benchmark's analytic FLOPs, the CPU's measured peak
   assert t["model_flops_per_step"] > 0 and 0 < t["mfu"] < 1
   assert t["examples_per_s_per_device"] == pytest.approx(t["examples_per_s"] / summary["devices"])
