@@ -156,14 +156,20 @@ def manual_axes() -> tuple[str, ...]:
   return _MANUAL.get()
 
 
+def _activation_spec(sharder: Sharder, x: jax.Array, names: Names) -> PartitionSpec:
+  """The layout's spec for an activation, spatial maps too thin to split kept whole."""
+  spec = sharder.spec(names, what="activation")
+  return PartitionSpec(*(_small_map_guard(e, n, d, sharder) for e, n, d in
+                         zip(spec, names, x.shape)))
+
+
 def splits(x: jax.Array, names: Names, dims: Sequence[str]) -> bool:
   """Whether `constrain(x, names)` splits any of `dims` over devices (False outside `use`)."""
   sharder = _CURRENT.get()
   if sharder is None:
     return False
-  spec = sharder.spec(names, what="activation")
-  return any(_small_map_guard(e, n, d, sharder) is not None
-             for e, n, d in zip(spec, names, x.shape) if n in dims)
+  return any(e is not None for e, n in zip(_activation_spec(sharder, x, names), names)
+             if n in dims)
 
 
 def constrain(x: jax.Array, names: Names) -> jax.Array:
@@ -178,9 +184,7 @@ def constrain(x: jax.Array, names: Names) -> jax.Array:
     return x
   if len(names) != x.ndim:
     raise ValueError(f"constrain: {len(names)} names for a rank-{x.ndim} array")
-  spec = sharder.spec(names, what="activation")
-  spec = PartitionSpec(*(_small_map_guard(e, n, d, sharder) for e, n, d in
-                         zip(spec, names, x.shape)))
+  spec = _activation_spec(sharder, x, names)
   skip = _MANUAL.get()
   if not skip:
     return jax.lax.with_sharding_constraint(x, NamedSharding(sharder.mesh, spec))
