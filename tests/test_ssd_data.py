@@ -71,16 +71,81 @@ def test_batches_and_process_shards(coco):
 
 def test_random_crop_keeps_centers():
   rng = np.random.default_rng(0)
-  from PIL import Image
-  img = Image.new("RGB", (200, 100))
   boxes = np.array([[0.1, 0.1, 0.3, 0.4], [0.5, 0.5, 0.9, 0.9], [0.05, 0.6, 0.2, 0.95]])
   sizes = set()
   for _ in range(200):
-    out, b, labels = data_lib.random_crop(rng, img, boxes, np.array([1, 2, 3]), 1)
-    sizes.add(out.size)
+    crop, b, labels = data_lib.random_crop(rng, boxes, np.array([1, 2, 3]), 1)
+    x0, y0, x1, y1 = data_lib.crop_pixels(crop, 200, 100)
+    assert 0 <= x0 < x1 <= 200 and 0 <= y0 < y1 <= 100
+    sizes.add((x1 - x0, y1 - y0))
     assert 1 <= len(b) == len(labels) <= 3
     assert (b >= 0).all() and (b <= 1).all() and (b[:, 2:] > b[:, :2]).all()
   assert (200, 100) in sizes and len(sizes) > 50       # sometimes whole, mostly cropped
+
+
+def _old_train_example(pipe, record, rng):
+  """The training example as the pipeline made it until 2026-12-05: Pillow decodes the whole
+  image, crops and mirrors it and resizes it with its antialiased bilinear filter; boxes
+  matched by the broadcasting IoU. The independent baseline for the example's pixels and
+  targets."""
+  import os
+
+  from PIL import Image
+
+  from benchmarks.ssd import boxes as B
+  image = Image.open(os.path.join(pipe.split.folder, record["file_name"])).convert("RGB")
+  boxes, labels = pipe.split.boxes[record["id"]], pipe.split.labels[record["id"]]
+  crop, boxes, labels = data_lib.random_crop(rng, boxes, labels, pipe.trials)
+  image = image.crop(data_lib.crop_pixels(crop, *image.size))
+  if rng.random() < 0.5:
+    image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    boxes = np.stack([1 - boxes[:, 2], boxes[:, 1], 1 - boxes[:, 0], boxes[:, 3]], 1)
+  image = np.asarray(image.resize((pipe.size, pipe.size), Image.Resampling.BILINEAR))
+  a, b = boxes, pipe.anchors_ltrb
+  lt = np.maximum(a[:, None, :2], b[None, :, :2])
+  rb = np.minimum(a[:, None, 2:], b[None, :, 2:])
+  inter = np.prod(np.clip(rb - lt, 0, None), -1)
+  area = lambda x: np.prod(x[:, 2:] - x[:, :2], -1)
+  ious = inter / (area(a)[:, None] + area(b)[None, :] - inter)
+  best_iou, best = ious.max(0), ious.argmax(0)
+  best_iou[ious.argmax(1)] = 2.0
+  best[ious.argmax(1)] = np.arange(len(a))
+  pos = best_iou > pipe.iou
+  matched = np.zeros((len(b), 4))
+  matched[pos] = a[best[pos]]
+  out_labels = np.zeros(len(b), np.int32)
+  out_labels[pos] = labels[best[pos]]
+  g = B.ltrb_to_xywh(matched)
+  loc = np.zeros_like(g)
+  an = pipe.anchors_xywh[pos]
+  loc[pos, :2] = B.SCALE_XY * (g[pos, :2] - an[:, :2]) / an[:, 2:]
+  loc[pos, 2:] = B.SCALE_WH * np.log(g[pos, 2:] / an[:, 2:])
+  return image, loc.astype(np.float32), out_labels
+
+
+def test_train_examples_match_the_pillow_pipeline(coco):
+  """Each training example (libjpeg-turbo decoding at the crop's scale, OpenCV's bilinear
+  resize and flip, the per-coordinate IoU) against the Pillow pipeline it replaced: the same
+  crops, flips, matched boxes and targets bit for bit, pixels within a mean 1.5 of 255 (the
+  filters differ), the image statistics the same."""
+  root, _, _ = coco
+  cfg = cfg_for(root, dataset="coco")
+  split = data_lib.read_split(root, "train2017")
+  pipe = data_lib.Pipeline(split, cfg.image_size, suite.anchors(cfg), cfg.match_iou,
+                           cfg.crop_trials, workers=1)
+  diffs, new_px, old_px = [], [], []
+  for k, record in enumerate(im for im in split.images if im["id"] in split.boxes):
+    for seed in range(3):
+      new = pipe.train_example(record, np.random.default_rng([k, seed]))
+      old = _old_train_example(pipe, record, np.random.default_rng([k, seed]))
+      np.testing.assert_array_equal(new[1], old[1])
+      np.testing.assert_array_equal(new[2], old[2])
+      diffs.append(np.abs(new[0].astype(np.float32) - old[0]).mean())
+      new_px.append(new[0])
+      old_px.append(old[0])
+  assert np.mean(diffs) < 1.5, diffs
+  a, b = np.stack(new_px).astype(np.float32), np.stack(old_px).astype(np.float32)
+  assert abs(a.mean() - b.mean()) < 0.5 and abs(a.std() / b.std() - 1) < 0.01
 
 
 @pytest.mark.parametrize("kw,needle", [

@@ -10,6 +10,17 @@ from jax.ad_checkpoint import checkpoint_name
 from runtime.errors import UserError
 
 DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32, "float64": jnp.float64}
+# ImageNet's channel means and deviations (RGB, on 0..255; torchvision's `Normalize` values),
+# which the ResNet and SSD backbones expect: images leave the host as uint8 and are normalized
+# in the compiled step.
+IMAGENET_MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
+IMAGENET_STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
+
+
+def normalize_imagenet(image, dtype):
+  """uint8 RGB pixels as a backbone takes them: (x - mean) / std per channel, in `dtype`."""
+  return ((image.astype(dtype) - jnp.asarray(IMAGENET_MEAN, dtype))
+          / jnp.asarray(IMAGENET_STD, dtype))
 
 
 def named_init(init, names):

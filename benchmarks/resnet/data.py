@@ -10,13 +10,13 @@ are float32, normalized already.
 from __future__ import annotations
 
 import io
-import math
 import os
 
 import numpy as np
 from absl import flags
 from PIL import Image
 
+from benchmarks.common import images
 from benchmarks.data import (
   Data,
   array_batches,
@@ -34,8 +34,6 @@ from runtime.errors import UserError
 
 NAMES = {"image": ("batch", "height", "width", None), "label": ("batch",),
          "mask": ("batch",)}
-IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], np.float32) * 255
-IMAGENET_STD = np.array([0.229, 0.224, 0.225], np.float32) * 255
 IMAGENET_TRAIN = IMAGENET_TRAIN_EXAMPLES
 IMAGENET_EVAL = 50000      # ILSVRC 2012 validation images (MLPerf evaluates on all of them)
 DIGITS = 1797              # scikit-learn's digits
@@ -161,67 +159,83 @@ def _synthetic(cfg, local_batch, local_eval) -> Data:
 
 # --- ImageNet as prepared by tensorflow-datasets (ArrayRecord), read with grain ---------------
 
-def _rgb(image: np.ndarray) -> Image.Image:
-  im = Image.fromarray(image)
-  return im.convert("RGB") if im.mode != "RGB" else im
+def inception_boxes(sizes: np.ndarray, rng: np.random.Generator, trials: int = 10
+                    ) -> tuple[np.ndarray, np.ndarray]:
+  """The Inception crop's draws for a batch of images of `sizes` (n, 2) = (height, width):
+  (boxes (n, 4) left, top, right, bottom in pixels; flips (n,) bool). Per image, up to `trials`
+  candidates of 8%-100% of its area and aspect 3/4-4/3 (log-uniform); the first that fits is
+  placed uniformly, else the central square of the shorter side; a mirror with probability 1/2
+  (Szegedy et al. 2015, "Going deeper with convolutions", as torchvision's RandomResizedCrop
+  and the MLPerf reference draw it). Drawn for the whole batch at once."""
+  n = len(sizes)
+  h, w = sizes[:, :1].astype(np.float64), sizes[:, 1:].astype(np.float64)
+  area = h * w * rng.uniform(0.08, 1.0, (n, trials))
+  aspect = np.exp(rng.uniform(np.log(3 / 4), np.log(4 / 3), (n, trials)))
+  cw, ch = np.rint(np.sqrt(area * aspect)), np.rint(np.sqrt(area / aspect))
+  fits = (cw > 0) & (cw <= w) & (ch > 0) & (ch <= h)
+  first = fits.argmax(1)
+  rows = np.arange(n)
+  side = np.minimum(h, w)[:, 0]
+  found = fits[rows, first]
+  cw = np.where(found, cw[rows, first], side)
+  ch = np.where(found, ch[rows, first], side)
+  u = rng.random((n, 2))
+  hh, ww = h[:, 0], w[:, 0]
+  x0 = np.where(found, np.floor(u[:, 0] * (ww - cw + 1)), (ww - cw) // 2)
+  y0 = np.where(found, np.floor(u[:, 1] * (hh - ch + 1)), (hh - ch) // 2)
+  flips = rng.random(n) < 0.5
+  return np.stack([x0, y0, x0 + cw, y0 + ch], 1), flips
 
 
-def _open(image: np.ndarray | bytes) -> Image.Image:
-  """A decoded image, or a JPEG's bytes opened lazily (only its header is read)."""
-  return _rgb(image) if isinstance(image, np.ndarray) else Image.open(io.BytesIO(image))
-
-
-def _decode(im: Image.Image, box: tuple[float, float, float, float], out: tuple[int, int]
-            ) -> Image.Image:
-  """`box` (in the full image's pixels) resized to `out`. A JPEG is decoded at the smallest of
-  its DCT scales (1/2, 1/4, 1/8) that still gives the box at least `out` pixels (PIL's
-  `Image.draft`, libjpeg's scaled decoding): decoding dominates the pipeline's CPU time, and a
-  crop shown at 32 px or a small crop of a large photo needs a fraction of the pixels. The
-  resize then filters from the reduced image (as torchvision's and TF's pipelines filter from
-  the full one). Other formats decode in full."""
-  w, h = im.size
-  bw, bh = box[2] - box[0], box[3] - box[1]
-  if im.format == "JPEG":
-    im.draft("RGB", (math.ceil(w * out[0] / bw), math.ceil(h * out[1] / bh)))
-  fx, fy = im.size[0] / w, im.size[1] / h
-  if im.mode != "RGB":
-    im = im.convert("RGB")
-  return im.resize(out, Image.BILINEAR,
-                   box=(box[0] * fx, box[1] * fy, box[2] * fx, box[3] * fy))
+def center_box(h: int, w: int, size: int, crop_fraction: float = 0.875
+               ) -> tuple[float, float, float, float]:
+  """The central size x size of the image resized so its shorter side is size / 0.875, as a
+  box in the full image's pixels."""
+  scale = size / crop_fraction / min(h, w)
+  nh, nw = max(size, round(h * scale)), max(size, round(w * scale))
+  y0, x0 = (nh - size) // 2, (nw - size) // 2
+  return (x0 * w / nw, y0 * h / nh, (x0 + size) * w / nw, (y0 + size) * h / nh)
 
 
 def inception_crop(image: np.ndarray | bytes, size: int, rng: np.random.Generator
                    ) -> np.ndarray:
-  """Random-area (8%-100%), random-aspect (3/4-4/3) crop resized to size, random flip.
-  `image`: decoded pixels or a JPEG's bytes (then decoded at a reduced scale: `_decode`)."""
-  im = _open(image)
-  w, h = im.size
-  for _ in range(10):
-    area = h * w * rng.uniform(0.08, 1.0)
-    aspect = np.exp(rng.uniform(np.log(3 / 4), np.log(4 / 3)))
-    cw, ch = int(round(np.sqrt(area * aspect))), int(round(np.sqrt(area / aspect)))
-    if 0 < cw <= w and 0 < ch <= h:
-      y0, x0 = rng.integers(0, h - ch + 1), rng.integers(0, w - cw + 1)
-      break
-  else:
-    ch = cw = min(h, w)
-    y0, x0 = (h - ch) // 2, (w - cw) // 2
-  out = np.asarray(_decode(im, (x0, y0, x0 + cw, y0 + ch), (size, size)))
-  return out[:, ::-1] if rng.random() < 0.5 else out
+  """One image's Inception crop at size x size (`inception_boxes`' draws for a batch of one).
+  `image`: decoded pixels or a JPEG's bytes (then decoded at the scale the crop needs)."""
+  h, w, handle = images.open_image(image)
+  boxes, flips = inception_boxes(np.array([[h, w]]), rng)
+  box = tuple(boxes[0])
+  pixels = images.decode(handle, h, w, images.scale_for(h, w, box, (size, size)))
+  return images.crop_resize(pixels, box, (h, w), np.empty((size, size, 3), np.uint8),
+                            bool(flips[0]))
 
 
-def center_crop(image: np.ndarray | bytes, size: int, crop_fraction: float = 0.875
-                ) -> np.ndarray:
+def center_crop(image: np.ndarray | bytes, size: int) -> np.ndarray:
   """Resize the shorter side to size / 0.875, then take the central size x size crop.
-  `image`: decoded pixels or a JPEG's bytes (then decoded at a reduced scale: `_decode`)."""
-  im = _open(image)
-  w, h = im.size
-  scale = size / crop_fraction / min(h, w)
-  nh, nw = max(size, round(h * scale)), max(size, round(w * scale))
-  y0, x0 = (nh - size) // 2, (nw - size) // 2
-  # The central size x size of the (nw, nh) resize, as a box in the full image's pixels.
-  box = (x0 * w / nw, y0 * h / nh, (x0 + size) * w / nw, (y0 + size) * h / nh)
-  return np.asarray(_decode(im, box, (size, size)))
+  `image`: decoded pixels or a JPEG's bytes (then decoded at the scale the crop needs)."""
+  return images.decode_crop_resize(image, lambda h, w: center_box(h, w, size),
+                                   np.empty((size, size, 3), np.uint8))
+
+
+def train_batch(records: list[dict], size: int, rng: np.random.Generator) -> dict:
+  """A training batch from tfds records (`image` a JPEG's bytes, `label`): every header read,
+  the batch's crops and flips drawn at once, each image decoded at its crop's scale and
+  resized into the batch's buffer (no per-example arrays to stack)."""
+  opened = [images.open_image(r["image"]) for r in records]
+  boxes, flips = inception_boxes(np.array([(h, w) for h, w, _ in opened]).reshape(-1, 2), rng)
+  out = np.empty((len(records), size, size, 3), np.uint8)
+  for k, (h, w, handle) in enumerate(opened):
+    box = tuple(boxes[k])
+    pixels = images.decode(handle, h, w, images.scale_for(h, w, box, (size, size)))
+    images.crop_resize(pixels, box, (h, w), out[k], bool(flips[k]))
+  return {"image": out, "label": np.array([r["label"] for r in records], np.int32)}
+
+
+def eval_batch(records: list[dict], size: int) -> dict:
+  """An evaluation batch: each image's centre crop (`center_box`) into the batch's buffer."""
+  out = np.empty((len(records), size, size, 3), np.uint8)
+  for k, r in enumerate(records):
+    images.decode_crop_resize(r["image"], lambda h, w: center_box(h, w, size), out[k])
+  return {"image": out, "label": np.array([r["label"] for r in records], np.int32)}
 
 
 def _absl_flags_parsed() -> None:
@@ -239,11 +253,19 @@ def _label_classes(source) -> int | None:
     return None
 
 
+def read_options(local_batch: int):
+  """grain's threads for whole batches: one a core up to 8 (a batch decodes in libjpeg-turbo
+  and OpenCV, which release the GIL), as many batches prefetched (each thread's next)."""
+  import grain
+  threads = max(1, min(8, os.cpu_count() or 1))
+  return grain.ReadOptions(num_threads=threads, prefetch_buffer_size=threads)
+
+
 def _imagenet(cfg, local_batch, local_eval, pi, pc) -> Data:
   import grain
   prepare = ("`./run.sh prepare imagenet --from=<folder of ILSVRC2012_img_train.tar and "
              "_val.tar> --data_dir=...`, or use --dataset=digits or --dataset=synthetic")
-  # JPEG bytes: inception_crop / center_crop decode each at the scale its crop needs.
+  # JPEG bytes: train_batch / eval_batch decode each at the scale its crop needs.
   train_src = open_tfds(cfg.data_dir, "imagenet2012", "train", "imagenet", prepare, ("image",))
   eval_src = open_tfds(cfg.data_dir, "imagenet2012", "validation", "imagenet", prepare,
                        ("image",))
@@ -254,24 +276,17 @@ def _imagenet(cfg, local_batch, local_eval, pi, pc) -> Data:
                     f"{len(train_src)} imagenet2012 training examples in {cfg.data_dir}")
   eval_steps = num_steps(len(eval_src), local_eval * pc)
   size = cfg.image_size
-  # Read threads: grain's 16 on a big host, 2 per core on a small one (this 2-core machine, 32 px:
-  # 16 threads 602 examples/s and 1.8 s to the first batch, 4 threads 1,429 and 0.2 s).
-  options = grain.ReadOptions(num_threads=min(16, 2 * (os.cpu_count() or 1)),
-                              prefetch_buffer_size=4 * local_batch)
-
-  def train_example(ex, rng):
-    return {"image": inception_crop(ex["image"], size, rng), "label": np.int32(ex["label"])}
-
-  def eval_example(ex):
-    return {"image": center_crop(ex["image"], size), "label": np.int32(ex["label"])}
+  options = read_options(local_batch)
 
   def train(epoch):
-    # Each batch's examples and augmentation draws are fixed by the seed, the epoch and the
-    # index; with --data_workers=N, N processes make whole batches in turn (grain's
+    # A batch is one element: its record indices (shuffled by the seed and the epoch, this
+    # process's share) and its draws (grain's random_map: an rng from the seed and the batch's
+    # index). With --data_workers=N, N processes make whole batches in turn (grain's
     # mp_prefetch), so the batches are the same whatever N.
-    ds = (grain.MapDataset.source(train_src).shuffle(seed=cfg.seed + epoch)[pi::pc]
-          .random_map(train_example, seed=cfg.seed * 1000003 + epoch)
-          .batch(local_batch, drop_remainder=True)).to_iter_dataset(options)
+    ds = (grain.MapDataset.range(len(train_src)).shuffle(seed=cfg.seed + epoch)[pi::pc]
+          .batch(local_batch, drop_remainder=True)
+          .random_map(lambda idx, rng: train_batch([train_src[int(i)] for i in idx], size, rng),
+                      seed=cfg.seed * 1000003 + epoch)).to_iter_dataset(options)
     if cfg.data_workers:
       _absl_flags_parsed()   # grain's worker processes read its absl flags
       ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=cfg.data_workers))
@@ -284,8 +299,8 @@ def _imagenet(cfg, local_batch, local_eval, pi, pc) -> Data:
         it.close()          # stops the worker processes now, not at garbage collection
 
   def evaluate():
-    ds = (grain.MapDataset.source(eval_src)[pi::pc].map(eval_example)
-          .batch(local_eval, drop_remainder=False))
+    ds = (grain.MapDataset.range(len(eval_src))[pi::pc].batch(local_eval, drop_remainder=False)
+          .map(lambda idx: eval_batch([eval_src[int(i)] for i in idx], size)))
     example = {"image": np.zeros((1, size, size, 3), np.uint8), "label": np.zeros(1, np.int32)}
     return padded(ds.to_iter_dataset(options), local_eval, eval_steps, example)
 

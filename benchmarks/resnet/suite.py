@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from benchmarks.common.layers import compute_dtype
+from benchmarks.common.layers import compute_dtype, normalize_imagenet
 from benchmarks.common.stages import STAGES
 from benchmarks.resnet import data as data_lib
 from benchmarks.resnet.config import Config
@@ -44,7 +44,7 @@ def device_image(image):
   host as uint8); float images (digits, synthetic) as they are."""
   if image.dtype != jnp.uint8:
     return image
-  return (image.astype(jnp.float32) - data_lib.IMAGENET_MEAN) / data_lib.IMAGENET_STD
+  return normalize_imagenet(image, jnp.float32)
 
 
 def _is_kernel(params):

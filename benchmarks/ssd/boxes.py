@@ -48,27 +48,35 @@ def ltrb_to_xywh(b: np.ndarray) -> np.ndarray:
   return np.concatenate([(b[..., :2] + b[..., 2:]) / 2, b[..., 2:] - b[..., :2]], -1)
 
 
-def iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-  """IoU of every ltrb box in a (n, 4) with every box in b (m, 4): (n, m)."""
-  lt = np.maximum(a[:, None, :2], b[None, :, :2])
-  rb = np.minimum(a[:, None, 2:], b[None, :, 2:])
-  inter = np.prod(np.clip(rb - lt, 0, None), -1)
-  area = lambda x: np.prod(x[:, 2:] - x[:, :2], -1)
-  return inter / (area(a)[:, None] + area(b)[None, :] - inter)
+def area(b: np.ndarray) -> np.ndarray:
+  """Areas of ltrb boxes (n, 4): (n,)."""
+  return (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])
+
+
+def iou(a: np.ndarray, b: np.ndarray, b_area: np.ndarray | None = None) -> np.ndarray:
+  """IoU of every ltrb box in a (n, 4) with every box in b (m, 4): (n, m). `b_area`: b's areas,
+  when they are known (the default boxes'). Per coordinate, on (n, m) arrays: no (n, m, 2)
+  temporaries."""
+  w = np.minimum(a[:, 2:3], b[None, :, 2]) - np.maximum(a[:, 0:1], b[None, :, 0])
+  h = np.minimum(a[:, 3:4], b[None, :, 3]) - np.maximum(a[:, 1:2], b[None, :, 1])
+  inter = np.maximum(w, 0) * np.maximum(h, 0)
+  b_area = area(b) if b_area is None else b_area
+  return inter / (area(a)[:, None] + b_area[None, :] - inter)
 
 
 def match(gt_ltrb: np.ndarray, gt_labels: np.ndarray, anchors_ltrb: np.ndarray,
-          threshold: float = 0.5) -> tuple[np.ndarray, np.ndarray]:
+          threshold: float = 0.5, anchors_area: np.ndarray | None = None
+          ) -> tuple[np.ndarray, np.ndarray]:
   """The reference encoder's matching: each default box takes its best ground truth when their
   IoU exceeds `threshold`, and every ground truth keeps its best default box whatever the IoU
   (a later ground truth wins a box that two claim). Returns (matched ltrb boxes (A, 4),
-  labels (A,), 0 for background)."""
+  labels (A,), 0 for background). `anchors_area`: the default boxes' areas, if known."""
   a = len(anchors_ltrb)
   boxes = np.zeros((a, 4), np.float64)
   labels = np.zeros((a,), np.int32)
   if len(gt_ltrb) == 0:
     return boxes, labels
-  ious = iou(gt_ltrb, anchors_ltrb)                      # (n, A)
+  ious = iou(gt_ltrb, anchors_ltrb, anchors_area)        # (n, A)
   best_gt_iou, best_gt = ious.max(0), ious.argmax(0)     # per default box
   best_box = ious.argmax(1)                              # per ground truth
   best_gt_iou[best_box] = 2.0
@@ -82,12 +90,12 @@ def match(gt_ltrb: np.ndarray, gt_labels: np.ndarray, anchors_ltrb: np.ndarray,
 def encode(matched_ltrb: np.ndarray, labels: np.ndarray, anchors_xywh: np.ndarray) -> np.ndarray:
   """Regression targets of matched boxes (zeros for background): 10 * offset / anchor size for
   centers, 5 * log(size / anchor size) for sizes."""
-  g = ltrb_to_xywh(matched_ltrb)
   pos = labels > 0
-  out = np.zeros_like(g)
+  g = ltrb_to_xywh(matched_ltrb[pos])
+  out = np.zeros(matched_ltrb.shape, np.result_type(matched_ltrb, anchors_xywh))
   a = anchors_xywh[pos]
-  out[pos, :2] = SCALE_XY * (g[pos, :2] - a[:, :2]) / a[:, 2:]
-  out[pos, 2:] = SCALE_WH * np.log(g[pos, 2:] / a[:, 2:])
+  out[pos, :2] = SCALE_XY * (g[:, :2] - a[:, :2]) / a[:, 2:]
+  out[pos, 2:] = SCALE_WH * np.log(g[:, 2:] / a[:, 2:])
   return out
 
 

@@ -21,8 +21,8 @@ import os
 from typing import Iterator
 
 import numpy as np
-from PIL import Image
 
+from benchmarks.common import images
 from benchmarks.data import Data, described, num_steps, padded, process_indices, subset_note
 from benchmarks.ssd import boxes as box_lib
 from benchmarks.ssd import shapes
@@ -181,14 +181,16 @@ def check_present(split: Split, images: list[dict]) -> None:
                       f"remove its record and annotations) before training")
 
 
-def random_crop(rng, image: Image.Image, boxes: np.ndarray, labels: np.ndarray, trials: int):
+def random_crop(rng, boxes: np.ndarray, labels: np.ndarray, trials: int):
   """The MLPerf SSD crop: pick a minimum IoU (or none, or keep the image); try `trials` crops of
   30-100% of each side (aspect 1:2 to 2:1) whose IoU with every object clears it; keep the
-  objects whose centers fall inside. Repeats until one succeeds or the image is kept."""
+  objects whose centers fall inside. Repeats until one succeeds or the image is kept. Returns
+  (crop (left, top, right, bottom) normalized, or None to keep the whole image; the kept boxes
+  in the crop's coordinates; their labels): the image is cropped when it is decoded."""
   while True:
     mode = CROP_OPTIONS[rng.integers(len(CROP_OPTIONS))]
     if mode is None:
-      return image, boxes, labels
+      return None, boxes, labels
     lo = -np.inf if mode[0] is None else mode[0]
     hi = np.inf if mode[1] is None else mode[1]
     for _ in range(trials):
@@ -206,9 +208,15 @@ def random_crop(rng, image: Image.Image, boxes: np.ndarray, labels: np.ndarray, 
         continue
       b = (boxes[inside] - [left, top, left, top]) / [w, h, w, h]
       b = np.clip(b, 0.0, 1.0)
-      W, H = image.size
-      image = image.crop((int(left * W), int(top * H), int((left + w) * W), int((top + h) * H)))
-      return image, b, labels[inside]
+      return (left, top, left + w, top + h), b, labels[inside]
+
+
+def crop_pixels(crop, width: int, height: int) -> tuple[int, int, int, int]:
+  """A normalized crop (or None: the whole image) in whole pixels of a width x height image."""
+  if crop is None:
+    return 0, 0, width, height
+  return (int(crop[0] * width), int(crop[1] * height), int(crop[2] * width),
+          int(crop[3] * height))
 
 
 class Pipeline:
@@ -219,6 +227,7 @@ class Pipeline:
     self.split, self.size, self.iou, self.trials = split, image_size, match_iou, crop_trials
     self.anchors_xywh = anchors_xywh
     self.anchors_ltrb = box_lib.xywh_to_ltrb(anchors_xywh)
+    self.anchors_area = box_lib.area(self.anchors_ltrb)
     self.processes = processes
     if processes:
       # Worker processes (spawned: this process runs jax's threads) with their own copy of
@@ -238,27 +247,31 @@ class Pipeline:
       return (_in_worker, method) + args
     return (getattr(self, method),) + args
 
-  def _open(self, record: dict) -> Image.Image:
+  def _image(self, record: dict, box_of, flip: bool = False) -> np.ndarray:
+    """The record's image file, `box_of(height, width)` of it (pixels) decoded at the scale the
+    output needs and resized to size x size (`benchmarks.common.images`), mirrored with flip."""
     path = os.path.join(self.split.folder, record["file_name"])
+    out = np.empty((self.size, self.size, 3), np.uint8)
     try:
-      return Image.open(path).convert("RGB")
-    except OSError as e:
+      with open(path, "rb") as f:
+        return images.decode_crop_resize(f.read(), box_of, out, flip)
+    except OSError as e:     # Pillow's UnidentifiedImageError too: not an image it reads
       raise UserError(f"cannot read image {path}: {e}") from None
 
   def train_example(self, record: dict, rng) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    image = self._open(record)
     boxes, labels = self.split.boxes[record["id"]], self.split.labels[record["id"]]
-    image, boxes, labels = random_crop(rng, image, boxes, labels, self.trials)
-    if rng.random() < 0.5:
-      image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    crop, boxes, labels = random_crop(rng, boxes, labels, self.trials)
+    flip = rng.random() < 0.5
+    if flip:
       boxes = np.stack([1 - boxes[:, 2], boxes[:, 1], 1 - boxes[:, 0], boxes[:, 3]], 1)
-    image = np.asarray(image.resize((self.size, self.size), Image.Resampling.BILINEAR))
-    matched, labels = box_lib.match(boxes, labels, self.anchors_ltrb, self.iou)
+    image = self._image(record, lambda h, w: crop_pixels(crop, w, h), flip)
+    matched, labels = box_lib.match(boxes, labels, self.anchors_ltrb, self.iou,
+                                    self.anchors_area)
     return image, box_lib.encode(matched, labels, self.anchors_xywh).astype(np.float32), labels
 
   def eval_example(self, record: dict) -> dict:
-    image = self._open(record).resize((self.size, self.size), Image.Resampling.BILINEAR)
-    return {"image": np.asarray(image), "image_id": np.int32(record["id"]),
+    return {"image": self._image(record, lambda h, w: (0, 0, w, h)),
+            "image_id": np.int32(record["id"]),
             "size": np.array([record["height"], record["width"]], np.float32)}
 
   def batches(self, jobs, collate) -> Iterator[dict]:

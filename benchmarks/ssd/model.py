@@ -28,13 +28,9 @@ from benchmarks.common.convnet import (
   stem,
   stem_flops,
 )
-from benchmarks.common.layers import layer_output, named_init, param_dtype
+from benchmarks.common.layers import layer_output, named_init, normalize_imagenet, param_dtype
 from benchmarks.common.stages import STAGES
 from mesh import constrain
-
-# ImageNet statistics (RGB, 0..255) the pretrained backbones expect.
-MEAN = (0.485 * 255, 0.456 * 255, 0.406 * 255)
-STD = (0.229 * 255, 0.224 * 255, 0.225 * 255)
 
 
 class Backbone(nn.Module):
@@ -68,7 +64,7 @@ class SSD(nn.Module):
     """image: (batch, height, width, 3) uint8 RGB. Returns (offsets (batch, boxes, 4), logits
     (batch, boxes, classes)) in default-box order, float32 (float64 under float64)."""
     f = param_dtype(self.dtype)
-    x = (image.astype(f) - jnp.asarray(MEAN, f)) / jnp.asarray(STD, f)
+    x = normalize_imagenet(image, f)
     x = constrain(x.astype(self.dtype), ("batch", "height", "width", None))
     x = Backbone(self.depth, self.width, self.bn_span, self.dtype, name="Backbone")(x, train)
     maps = [x]
