@@ -45,7 +45,7 @@ usage() {
 install_extra() {
   local extra="$1" stamp="$VENV/.meshperf-$1"
   if [[ ! -f "$stamp" || pyproject.toml -nt "$stamp" ]]; then
-    echo "run.sh: installing the $extra extra (JAX wheels for $extra) into $VENV" >&2
+    echo "run.sh: installing the $extra extra (pyproject.toml) into $VENV" >&2
     "$VENV/bin/python" -m pip install --quiet -e ".[$extra]" >&2
     touch "$stamp"
   fi
@@ -74,6 +74,7 @@ case "$verb" in
   test)
     shift; bootstrap
     install_extra tpu || echo "run.sh: the tpu extra did not install; TPU compile tests skip" >&2
+    install_extra dali || echo "run.sh: the dali extra did not install; DALI tests skip" >&2
     tier=(-m "not pod and not gpu"); rest=()
     for a in "$@"; do
       case "$a" in
@@ -102,12 +103,13 @@ case "$verb" in
   install)
     shift; bootstrap
     case "${1:-}" in
-      tpu|cuda12|cuda13) install_extra "$1"; exit 0 ;;
-      -h|--help) echo "./run.sh install tpu|cuda12|cuda13: the JAX wheels of that accelerator" \
-        "(pyproject.toml's extra of the same name) into .venv; until then runs are CPU-only." \
-        "tpu: libtpu, also to compile for TPU slices on any machine (--compile_only" \
-        "--topology=...); cuda12, cuda13: NVIDIA GPUs with that CUDA major version"; exit 0 ;;
-      *) echo "error: ./run.sh install takes tpu, cuda12 or cuda13" >&2; exit 2 ;;
+      tpu|cuda12|cuda13|dali) install_extra "$1"; exit 0 ;;
+      -h|--help) echo "./run.sh install tpu|cuda12|cuda13|dali: pyproject.toml's extra of that" \
+        "name into .venv; until then runs are CPU-only. tpu: libtpu, also to compile for TPU" \
+        "slices on any machine (--compile_only --topology=...); cuda12, cuda13: the JAX" \
+        "wheels for NVIDIA GPUs with that CUDA major version; dali: NVIDIA DALI, timed beside" \
+        "meshperf's input pipelines (python -m tools.perf.pipelines)"; exit 0 ;;
+      *) echo "error: ./run.sh install takes tpu, cuda12, cuda13 or dali" >&2; exit 2 ;;
     esac ;;
   ablate)
     shift; bootstrap

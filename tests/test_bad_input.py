@@ -353,7 +353,7 @@ CASES = [
     ("run.sh", ["check", "{text_file}", "{text_file}"], "./run.sh check takes one PATH"),
     ("run.sh", [], f"./run.sh needs a verb: a benchmark ({', '.join(BENCHMARKS)}), test, check"),
     ("run.sh", ["--config=tiny"], "the first word is a verb"),
-    ("run.sh", ["install", "rocm"], "./run.sh install takes tpu, cuda12 or cuda13"),
+    ("run.sh", ["install", "rocm"], "./run.sh install takes tpu, cuda12, cuda13 or dali"),
     ("main", ["resnet", "--coordinator_address=127.0.0.1:23456", "--num_processes=2",
               "--process_id=2"], "--process_id=2: choose 0..1 (--num_processes=2)"),
     ("main", ["resnet", "--num_processes=0"], "--num_processes=0: at least 1"),

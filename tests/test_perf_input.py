@@ -90,3 +90,72 @@ def test_ssd_batches_are_the_same_with_threads_and_2_worker_processes(tmp_path):
 def test_negative_data_workers_is_bad_input():
   with pytest.raises(UserError, match=r"--data_workers=-1: .*>= 0"):
     config_lib.validate_common(dataclasses.replace(RESNET["cpu"], data_workers=-1))
+
+
+def _main(tmp_path, *flags):
+  out = tmp_path / "out"
+  code = perf_input.main(["--tiny", "--workers=0", "--steps=0", "--batches=1",
+                          f"--output_dir={out}", "--num_cpu_devices=8", *flags])
+  return code, out / "pipelines.json"
+
+
+@pytest.mark.slow
+def test_pipelines_json_on_a_prepared_imagenet_with_evaluation(tmp_path, capsys):
+  """--data_dir times a prepared dataset (here ImageNet in tfds' format) and pipelines.json
+  holds the training and evaluation rates per core and the cores a host needs at the GPU
+  rate."""
+  import json
+  root = resnet_data.write_imagenet(str(tmp_path / "imagenet"), 24, 24)
+  code, path = _main(tmp_path, "--names=resnet", f"--data_dir={root}", "--no-dali", "--gpus=4")
+  assert code == 0, capsys.readouterr().err
+  got = json.loads(path.read_text())
+  b = got["benchmarks"]["resnet"]
+  assert got["gpus"] == 4 and list(got["benchmarks"]) == ["resnet"]
+  assert b["examples_per_s_per_core"] > 0 and b["eval_examples_per_s_per_core"] > 0
+  assert b["train"]["examples"] == 16 and b["eval"]["examples"] == 16     # 2 batches of 8
+  assert b["dali_examples_per_s_per_core"] is None and "not asked" in b["dali_skipped"]
+  per_gpu = perf_input.GPU_RATES["resnet"][0]
+  assert b["cores_for_gpus"] == -(-4 * per_gpu // b["examples_per_s_per_core"])
+  assert b["format"].startswith(root)
+  assert "| resnet " in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--names=resnet,ssd", "--data_dir=."], "--data_dir reads one image benchmark's dataset"),
+    (["--names=lm", "--data_dir=."], "--data_dir reads one image benchmark's dataset"),
+    (["--names=resnet", "--data_dir=/nonexistent"], "does not exist"),
+    (["--names=resnet", "--gpus=0"], "--gpus=0: at least 1"),
+])
+def test_pipelines_bad_flags_are_one_error_line(tmp_path, capsys, flags, needle):
+  code, path = _main(tmp_path, *flags)
+  err = capsys.readouterr().err
+  assert code == 2 and err.startswith("error: ") and needle in err and len(err.splitlines()) == 1
+  assert not path.exists()
+
+
+def test_pipelines_on_a_folder_without_the_dataset_is_one_error_line(tmp_path, capsys):
+  code, path = _main(tmp_path, "--names=ssd", f"--data_dir={tmp_path}", "--no-dali")
+  err = capsys.readouterr().err
+  assert code == 2 and err.startswith("error: ") and "COCO 2017" in err
+  assert not path.exists()
+
+
+def _dali_missing():
+  from tools.perf import dali
+  return dali.available()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_dali_missing() is not None, reason="the dali extra is not installed")
+@pytest.mark.parametrize("name", ["resnet", "ssd"])
+def test_dali_cpu_pipeline_on_the_same_records(tmp_path, name):
+  """DALI's CPU pipeline (the `dali` extra) runs on the records meshperf's pipeline read, and
+  makes batches of the same shapes; its rate sits beside meshperf's in pipelines.json."""
+  import json
+  code, path = _main(tmp_path, f"--names={name}", "--dali", "--no-evaluation")
+  assert code == 0
+  b = json.loads(path.read_text())["benchmarks"][name]
+  assert b["dali_skipped"] is None and b["dali_examples_per_s_per_core"] > 0
+  assert b["dali"]["examples"] == b["train"]["examples"] == 16
+  size = int(b["variant"].split()[0])
+  assert b["dali"]["image_batch_shape"] == [8, size, size, 3]

@@ -39,6 +39,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import math
 import os
 import resource
 import shutil
@@ -48,11 +50,14 @@ from typing import Any, Callable
 
 import absl.logging
 import jax
+import numpy as np
 
 from benchmarks import registry
 from benchmarks.common import grammar
+from benchmarks.data import open_tfds
 from benchmarks.lm import data as lm_data
 from benchmarks.resnet import data as resnet_data
+from benchmarks.ssd import boxes as box_lib
 from benchmarks.ssd import data as ssd_data
 from benchmarks.ssd import shapes
 from benchmarks.ssd import suite as ssd_suite
@@ -62,9 +67,18 @@ from harness import build
 from harness import run as runs
 from harness import step as step_lib
 from runtime import backend, scratch
+from runtime.errors import UserError
+from tools.perf import dali
 
 NAMES = ("resnet", "ssd", "transformer", "lm")
+IMAGES = ("resnet", "ssd")            # the pipelines with worker processes, DALI and sizing
 GOAL = 3.0
+# Examples/s per GPU a host's pipeline must feed, to size it (`per_core`).
+GPU_RATES = {
+    "resnet": (7767, "NVIDIA's MLPerf v4.0 ResNet-50 on 8 x H200, end to end: "
+                     "mlcommons/training_results_v4.0 NVIDIA h200_ngc24.04_mxnet"),
+    "ssd": (3169, "meshperf's SSD step measured on one H200, 2026-12-04 (docs/gpu.md)"),
+}
 FORMATS = {
     "resnet": "tfds imagenet2012 ArrayRecord, JPEG {side} px -> inception crop {size} px",
     "ssd": "COCO 2017 layout, JPEG {side} -> IoU crop, flip, {size} px, box matching",
@@ -84,11 +98,14 @@ class Settings:
   real_sizes: bool = True        # also at MLPerf's image sizes (224 px ImageNet, 300 px COCO)
   batch: int = 0                 # 0: the CPU default's global batch
   pairs: int = 3000              # WMT14 pairs / lm1b lines written (tokenizer training too)
+  data_dir: str = ""             # a prepared dataset to read instead of writing one
+  evaluation: bool = True        # image benchmarks: also the evaluation pipeline (0 workers)
+  dali: bool = True              # image benchmarks: also DALI's CPU pipeline, when installed
 
   @staticmethod
   def tiny(**kw) -> "Settings":
     base = dict(batches=1, warmup=1, steps=0, imagenet_sides=(48, 72), coco_size=(160, 128),
-                real_sizes=False, batch=8, pairs=600)
+                real_sizes=False, batch=8, pairs=600, evaluation=False, dali=False)
     base.update(kw)
     return Settings(**base)
 
@@ -111,32 +128,40 @@ def _cpu_now() -> float:
 
 
 def _examples(batch: dict) -> int:
+  """The real examples of a batch (an evaluation batch's padding, `mask` 0, not counted)."""
+  if "mask" in batch:
+    return int(np.count_nonzero(batch["mask"]))
   return len(next(iter(batch.values())))
 
 
-def time_pipeline(make: Callable[[], Any], warmup: int, batches: int | None
-                  ) -> dict[str, float]:
+def time_pipeline(make: Callable[[], Any], warmup: int, batches: int | None,
+                  split: str = "train") -> dict[str, float]:
   """One run of `make()`'s training iterator, from calling `train(0)` to its
   `warmup + batches`-th batch (`batches` None: the whole epoch): wall and CPU seconds, and the
   rates they give. Start-up (spawning worker processes, first reads) is inside: the rates are
   conservative, the more so the shorter the run; `start_s` is the time to the first batch.
   (A warmup on the same iterator and then a timed stretch would count as free the batches its
   prefetch made during the warmup: grain's 16 threads make 16 batches at once. The difference
-  of two runs of different lengths fails for the same reason.) `warmup` only sets the length."""
+  of two runs of different lengths fails for the same reason.) `warmup` only sets the length.
+  `split` "eval": the evaluation iterator instead, at most its `eval_steps` batches."""
   data = make()
-  n_batches = data.steps_per_epoch if batches is None else warmup + batches
-  if data.steps_per_epoch < n_batches:
-    raise ValueError(f"{data.name}: {data.steps_per_epoch} batches per epoch, fewer than "
-                     f"{n_batches}")
+  per_epoch = data.steps_per_epoch if split == "train" else data.eval_steps
+  n_batches = per_epoch if batches is None else warmup + batches
+  if split == "eval":
+    n_batches = min(n_batches, per_epoch)
+  if per_epoch < n_batches:
+    raise UserError(f"{data.name}: {per_epoch} batches per epoch, fewer than the {n_batches} "
+                    f"to time; lower --batches")
   c0, w0 = _cpu_now(), time.perf_counter()
-  gen = data.train(0)
+  gen = data.train(0) if split == "train" else iter(data.eval())
   try:
     n = _examples(next(gen))
     start = time.perf_counter() - w0
     n += sum(_examples(next(gen)) for _ in range(n_batches - 1))
     wall, cpu = time.perf_counter() - w0, _cpu_now() - c0
   finally:
-    gen.close()             # stops its worker processes
+    if hasattr(gen, "close"):
+      gen.close()           # stops its worker processes
   return {"examples": n, "batches": n_batches, "wall_s": wall, "cpu_s": cpu, "start_s": start,
           "examples_per_s": n / wall, "cpu_s_per_example": cpu / n,
           "examples_per_core_s": n / cpu if cpu > 0 else None, "cores_busy": cpu / wall}
@@ -154,10 +179,11 @@ def _quiet_tfds() -> None:
 def _write(name: str, root: str, n: int, s: Settings) -> str:
   """Writes benchmark `name`'s dataset of n training examples under root; returns data_dir."""
   folder = os.path.join(root, name)
+  n_eval = n if s.evaluation else 4
   if name == "resnet":
-    return resnet_data.write_imagenet(folder, n, 4, sizes=s.imagenet_sides, photo=True)
+    return resnet_data.write_imagenet(folder, n, n_eval, sizes=s.imagenet_sides, photo=True)
   if name == "ssd":
-    return shapes.ensure(folder, n, 2, size=s.coco_size)
+    return shapes.ensure(folder, n, n_eval, size=s.coco_size)
   if name == "transformer":
     en, de = grammar.corpus(s.pairs + 50, 11)
     transformer_data.write_wmt14(folder, (en[:s.pairs], de[:s.pairs]),
@@ -257,34 +283,42 @@ def measure(say: Callable[[str], None] = print, workers: tuple[int, ...] = (0, 1
               "load_average": _load()},
       "benchmarks": {}}
   _quiet_tfds()
-  root = scratch.make("meshperf-input-", tmp_dir)
+  root = None if s.data_dir else scratch.make("meshperf-input-", tmp_dir)
   t0 = time.perf_counter()
   try:
     for name in names:
-      say(f"  {name}: writing its dataset")
       batch = s.batch or _config(name, "", s).global_batch_size
       w0 = time.perf_counter()
-      data_dir = _write(name, root, batch * (s.warmup + s.batches), s)
+      if s.data_dir:
+        say(f"  {name}: reading {s.data_dir}")
+        data_dir = s.data_dir
+      else:
+        say(f"  {name}: writing its dataset")
+        data_dir = _write(name, root, batch * (s.warmup + s.batches), s)
       cfg = _config(name, data_dir, s)
       out = {"format": "", "written_s": time.perf_counter() - w0, "pipelines": [],
              "step": None, "ratio": None}
-      for label, default, vcfg in _variants(name, cfg, s):
+      for i, (label, default, vcfg) in enumerate(_variants(name, cfg, s)):
         side = ("{}-{}".format(*s.imagenet_sides) if name == "resnet"
                 else "{}x{}".format(*s.coco_size))
         fmt = FORMATS[name].format(side=side, size=label.split()[0])
+        if s.data_dir:
+          fmt = f"{s.data_dir} -> {fmt.split(' -> ', 1)[-1]}"
         if default:
           out["format"] = fmt
-        for w in (workers if name in ("resnet", "ssd") else (0,)):
+        for w in (workers if name in IMAGES else (0,)):
           wcfg = dataclasses.replace(vcfg, data_workers=w)
           # Text batches take about a millisecond: the whole epoch is timed.
           p = time_pipeline(lambda c=wcfg: _make(name, c), s.warmup,
-                            s.batches if name in ("resnet", "ssd") else None)
+                            s.batches if name in IMAGES else None)
           p.update(variant=label, cpu_default=default, workers=w, batch=vcfg.global_batch_size,
                    format=fmt)
           out["pipelines"].append(p)
           say(f"    {label}, {w} worker(s): {_num(p['examples_per_s'])} examples/s, "
               f"{_num(p['cpu_s_per_example'], 1e3, 2)} ms CPU per example, "
               f"{_num(p['cores_busy'], 1, 2)} cores busy, start-up {p['start_s']:.1f} s")
+        if name in IMAGES and i == 0:      # the first variant: MLPerf's size where timed
+          out["sized"] = _sized(name, label, vcfg, data_dir, s, say)
       if s.steps:
         out["step"] = time_step(name, cfg, s.steps, say)
         base = _base(out)
@@ -295,10 +329,79 @@ def measure(say: Callable[[str], None] = print, workers: tuple[int, ...] = (0, 1
             f"{_num(out['ratio'], 1, 1)}")
       result["benchmarks"][name] = out
   finally:
-    shutil.rmtree(root, ignore_errors=True)
+    if root:
+      shutil.rmtree(root, ignore_errors=True)
   result["env"]["load_average_end"] = _load()
   result["env"]["seconds"] = time.perf_counter() - t0
   return result
+
+
+def _sized(name: str, label: str, cfg, data_dir: str, s: Settings, say) -> dict[str, Any]:
+  """At the first variant's size (MLPerf's, with real_sizes): the training pipeline's rate per
+  core (0 workers, timed above), the evaluation pipeline's and DALI's CPU pipeline's on the
+  same records, each None where not timed (`dali_skipped` says why)."""
+  out: dict[str, Any] = {"variant": label, "eval": None, "dali": None, "dali_skipped": None}
+  if s.evaluation:
+    out["eval"] = time_pipeline(lambda: _make(name, cfg), s.warmup, s.batches, "eval")
+    say(f"    {label}, evaluation: {_num(out['eval']['examples_per_core_s'])} examples/s per "
+        f"core")
+  why = None if s.dali else "not asked (--nodali)"
+  why = why or dali.available()
+  if why:
+    out["dali_skipped"] = why
+    return out
+  if name == "resnet":
+    source = open_tfds(data_dir, "imagenet2012", "train", "imagenet", "", ("image",))
+    pipe = dali.resnet_pipeline(source, cfg.global_batch_size, cfg.image_size)
+  else:
+    anchors = box_lib.xywh_to_ltrb(ssd_suite.anchors(cfg))
+    pipe = dali.ssd_pipeline(data_dir, cfg.global_batch_size, cfg.image_size, anchors)
+  out["dali"] = dali.time_dali(pipe, s.warmup + s.batches, _cpu_now)
+  say(f"    {label}, DALI's CPU pipeline ({out['dali']['threads']} threads): "
+      f"{_num(out['dali']['examples_per_core_s'])} examples/s per core")
+  return out
+
+
+def per_core(result: dict, gpus: int = 8) -> dict[str, Any]:
+  """`pipelines.json`: for each image benchmark timed, training examples/s per core at the
+  first variant's size (0 workers), evaluation's and DALI's beside it, and the cores a host of
+  `gpus` GPUs needs at `GPU_RATES`' examples/s per GPU."""
+  out: dict[str, Any] = {"env": result["env"], "settings": result["settings"], "gpus": gpus,
+                         "benchmarks": {}}
+  for name, b in result["benchmarks"].items():
+    if "sized" not in b:
+      continue
+    sized = b["sized"]
+    train = next(p for p in b["pipelines"]
+                 if p["variant"] == sized["variant"] and p["workers"] == 0)
+    rate = train["examples_per_core_s"]
+    per_gpu, source = GPU_RATES[name]
+    rate_of = lambda r: r["examples_per_core_s"] if r else None
+    out["benchmarks"][name] = {
+        "variant": sized["variant"], "format": train["format"],
+        "examples_per_s_per_core": rate,
+        "eval_examples_per_s_per_core": rate_of(sized["eval"]),
+        "dali_examples_per_s_per_core": rate_of(sized["dali"]),
+        "dali_skipped": sized["dali_skipped"],
+        "examples_per_s_per_gpu": per_gpu, "gpu_rate_source": source,
+        "cores_for_gpus": math.ceil(gpus * per_gpu / rate) if rate else None,
+        "train": train, "eval": sized["eval"], "dali": sized["dali"]}
+  return out
+
+
+def per_core_lines(summary: dict) -> list[str]:
+  lines = [f"Per core at MLPerf's sizes (0 workers; the cores a host of {summary['gpus']} GPUs "
+           f"needs at the GPU rate named):", "",
+           "| benchmark | training ex/s per core | evaluation | DALI's CPU pipeline | GPU rate "
+           "| cores |", "|---|---|---|---|---|---|"]
+  for name, b in summary["benchmarks"].items():
+    dali_rate = (_num(b["dali_examples_per_s_per_core"])
+                 if b["dali_examples_per_s_per_core"] else f"- ({b['dali_skipped']})")
+    lines.append(f"| {name} {b['variant']} | {_num(b['examples_per_s_per_core'])} | "
+                 f"{_num(b['eval_examples_per_s_per_core'])} | {dali_rate} | "
+                 f"{b['examples_per_s_per_gpu']:,} ({b['gpu_rate_source']}) | "
+                 f"{b['cores_for_gpus'] or '-'} |")
+  return lines
 
 
 def _base(out: dict) -> dict:
@@ -377,6 +480,18 @@ def main(argv: list[str]) -> int:
   p.add_argument("--names", default=",".join(NAMES))
   p.add_argument("--tiny", action="store_true", help="seconds: small images and batches")
   p.add_argument("--num_cpu_devices", type=int, default=8)
+  p.add_argument("--data_dir", default="", help="time the pipeline on this prepared dataset "
+                 "(resnet: the tfds folder holding imagenet2012/, from `./run.sh prepare "
+                 "imagenet`; ssd: COCO 2017's folder) instead of written photo-like images; "
+                 "one of --names=resnet or ssd")
+  p.add_argument("--output_dir", default="", help="write pipelines.json here: each image "
+                 "benchmark's examples_per_s_per_core, evaluation's and DALI's beside it")
+  p.add_argument("--gpus", type=int, default=8, help="size a host of this many GPUs")
+  p.add_argument("--dali", action=argparse.BooleanOptionalAction, default=True,
+                 help="also DALI's CPU pipeline on the same records, when installed "
+                 "(`./run.sh install dali`)")
+  p.add_argument("--evaluation", action=argparse.BooleanOptionalAction, default=True,
+                 help="also the evaluation pipeline")
   a = p.parse_args(argv)
   try:
     workers = tuple(int(w) for w in a.workers.split(","))
@@ -386,19 +501,39 @@ def main(argv: list[str]) -> int:
   problem = (f"--workers={a.workers}: counts >= 0" if min(workers) < 0 else
              f"--batches={a.batches}: at least 1" if a.batches < 1 else
              f"--steps={a.steps}: >= 0" if a.steps < 0 else
+             f"--gpus={a.gpus}: at least 1" if a.gpus < 1 else
              f"--names={a.names}: choose from {', '.join(NAMES)}" if not names
-             or set(names) - set(NAMES) else None)
+             or set(names) - set(NAMES) else
+             f"--data_dir={a.data_dir} does not exist" if a.data_dir
+             and not os.path.isdir(a.data_dir) else
+             f"--data_dir reads one image benchmark's dataset: pass --names=resnet or "
+             f"--names=ssd with it (not {a.names})" if a.data_dir
+             and (len(names) != 1 or names[0] not in IMAGES) else None)
   if problem:
     print(f"error: {problem}", file=sys.stderr)
     return 2
   backend.use_cpu_devices(a.num_cpu_devices)
-  s = (Settings.tiny(batches=a.batches, steps=a.steps) if a.tiny
-       else Settings(batches=a.batches, steps=a.steps))
-  result = measure(print, workers, s, names)
+  kw = dict(batches=a.batches, steps=a.steps, data_dir=a.data_dir, dali=a.dali,
+            evaluation=a.evaluation)
+  s = Settings.tiny(**kw) if a.tiny else Settings(**kw)
+  try:
+    result = measure(print, workers, s, names)
+  except UserError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
   print("\n".join(markdown(result)))
   for r in rows(result):
     print(f"{r['comparison']}: {r['what']}: {r['value']} (goal {r['goal']}, "
           f"{'met' if r['met'] else 'not met'}); {r['detail']}")
+  summary = per_core(result, a.gpus)
+  if summary["benchmarks"]:
+    print("\n".join([""] + per_core_lines(summary)))
+  if a.output_dir:
+    os.makedirs(a.output_dir, exist_ok=True)
+    path = os.path.join(a.output_dir, "pipelines.json")
+    with open(path, "w") as f:
+      json.dump(summary, f, indent=1)
+    print(f"wrote {path}")
   print(f"{result['env']['seconds']:.0f} s")
   return 0
 
