@@ -47,7 +47,7 @@ from harness.timeline import Block, batches, check_cadence, timeline
 from harness.watchdog import Watchdog
 from logs import observe
 from logs.mlperf import C, MLPerfLog
-from runtime import errors
+from runtime import errors, host
 from runtime.errors import UserError
 
 
@@ -69,6 +69,7 @@ class Progress:
     self.step_times: list[float] = []
     self.weights: list[float] = []
     self.input_wait_s = 0.0        # the loop waiting for the input pipeline's next batch
+    self.train_cpu_s = 0.0         # this host's CPU seconds while training (`train_block`)
 
   def recent(self) -> tuple[float | None, float | None]:
     """The median step time and weight of the last 50 fetched steps (None before any)."""
@@ -117,7 +118,15 @@ def train_block(steps: Steps, state, block: Block, batches, window: stops.Metric
   """The block's training steps (with epoch events for an epochs-cadence benchmark):
   (state, the last fetched metrics, a Stop or None). `batches` yields (global step, placed
   batch). Metrics are fetched once per window (and handed to the observer's TensorBoard events
-  then)."""
+  then). The host's CPU seconds meanwhile add to the progress's `train_cpu_s`."""
+  c0 = host.cpu_seconds()
+  try:
+    return _train_block(steps, state, block, batches, window)
+  finally:
+    steps.progress.train_cpu_s += host.cpu_seconds() - c0
+
+
+def _train_block(steps: Steps, state, block: Block, batches, window: stops.MetricsWindow):
   progress, spec, seq, observer = steps.progress, steps.spec, steps.events, steps.observer
   mark = steps.watchdog.mark if steps.watchdog else (lambda *a, **k: None)
   per_epoch = progress.steps_per_epoch
@@ -465,6 +474,12 @@ def summary(r: Training, out: Outcome, progress: Progress, init_s: float, run_s:
       # Seconds the loop waited for the input pipeline's next (placed) batch, of `training`:
       # near 0 when the pipeline keeps ahead of the devices.
       "input_wait_s": progress.input_wait_s,
+      # This host's CPU seconds per training example it fed while training (this process, its
+      # threads and its input worker processes; this run's steps): on a GPU or TPU host mostly
+      # the input pipeline, so an upper bound on its cost; on CPU devices the steps' too.
+      "host_cpu_s_per_example": (progress.train_cpu_s / (len(step_times) * cfg.global_batch_size
+                                                         / jax.process_count())
+                                 if step_times else None),
       "evals": out.evals,
       "eval_s": [e["eval_s"] for e in out.evals],
       "flops_per_device_per_step": step_cost["flops_per_device"],

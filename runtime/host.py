@@ -5,6 +5,8 @@ starts)."""
 from __future__ import annotations
 
 import os
+import resource
+import time
 
 from runtime.errors import UserError
 
@@ -41,3 +43,18 @@ def check_host_fits(nbytes: int, what: str, fix: str) -> None:
   if have is not None and nbytes > have:
     raise UserError(f"{what} needs {nbytes / 2**30:,.1f} GiB of host memory, more than the "
                     f"{have / 2**30:.1f} GiB this host has available: {fix}")
+
+
+def cpu_seconds() -> float:
+  """CPU seconds so far of this process (all its threads), its live descendants (input worker
+  processes) and its reaped children: what an input pipeline costs, wherever it runs."""
+  import psutil
+  total = time.process_time()
+  for p in psutil.Process().children(recursive=True):
+    try:
+      t = p.cpu_times()
+      total += t.user + t.system
+    except psutil.Error:          # ended meanwhile: counted below once reaped
+      pass
+  r = resource.getrusage(resource.RUSAGE_CHILDREN)
+  return total + r.ru_utime + r.ru_stime

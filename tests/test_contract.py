@@ -5,6 +5,7 @@ checker accepts under every ruleset the benchmark declares."""
 
 import dataclasses
 import json
+import os
 
 import pytest
 
@@ -54,6 +55,10 @@ def test_tiny_preset_end_to_end(name, tmp_path, monkeypatch):
   assert summary["mlperf_benchmark"] == spec.mlperf_name
   assert summary["higher_is_better"] == spec.higher_is_better
   assert 0 < summary["input_wait_s"] <= summary["phases_s"]["training"]
+  # The host's CPU while training, per example: no more than every core busy all the time.
+  fed = summary["steps"] * cfg.global_batch_size
+  assert 0 < summary["host_cpu_s_per_example"] * fed <= (
+      os.cpu_count() * summary["phases_s"]["training"] * 1.05 + 0.5)
   t = summary["throughput"]          # the benchmark's analytic FLOPs, the CPU's measured peak
   assert t["model_flops_per_step"] > 0 and 0 < t["mfu"] < 1
   assert t["examples_per_s_per_device"] == pytest.approx(t["examples_per_s"] / summary["devices"])

@@ -42,7 +42,6 @@ import dataclasses
 import json
 import math
 import os
-import resource
 import shutil
 import sys
 import time
@@ -66,7 +65,7 @@ from benchmarks.transformer import data as transformer_data
 from harness import build
 from harness import run as runs
 from harness import step as step_lib
-from runtime import backend, scratch
+from runtime import backend, host, scratch
 from runtime.errors import UserError
 from tools.perf import dali
 
@@ -112,21 +111,6 @@ class Settings:
 
 # --- CPU time of this process and its workers ---------------------------------------------------
 
-def _cpu_now() -> float:
-  """CPU seconds so far of this process (all threads), its live descendants (worker processes)
-  and its reaped children."""
-  import psutil
-  total = time.process_time()
-  for p in psutil.Process().children(recursive=True):
-    try:
-      t = p.cpu_times()
-      total += t.user + t.system
-    except psutil.Error:          # ended meanwhile: counted below once reaped
-      pass
-  r = resource.getrusage(resource.RUSAGE_CHILDREN)
-  return total + r.ru_utime + r.ru_stime
-
-
 def _examples(batch: dict) -> int:
   """The real examples of a batch (an evaluation batch's padding, `mask` 0, not counted)."""
   if "mask" in batch:
@@ -152,13 +136,13 @@ def time_pipeline(make: Callable[[], Any], warmup: int, batches: int | None,
   if per_epoch < n_batches:
     raise UserError(f"{data.name}: {per_epoch} batches per epoch, fewer than the {n_batches} "
                     f"to time; lower --batches")
-  c0, w0 = _cpu_now(), time.perf_counter()
+  c0, w0 = host.cpu_seconds(), time.perf_counter()
   gen = data.train(0) if split == "train" else iter(data.eval())
   try:
     n = _examples(next(gen))
     start = time.perf_counter() - w0
     n += sum(_examples(next(gen)) for _ in range(n_batches - 1))
-    wall, cpu = time.perf_counter() - w0, _cpu_now() - c0
+    wall, cpu = time.perf_counter() - w0, host.cpu_seconds() - c0
   finally:
     if hasattr(gen, "close"):
       gen.close()           # stops its worker processes
@@ -356,7 +340,7 @@ def _sized(name: str, label: str, cfg, data_dir: str, s: Settings, say) -> dict[
   else:
     anchors = box_lib.xywh_to_ltrb(ssd_suite.anchors(cfg))
     pipe = dali.ssd_pipeline(data_dir, cfg.global_batch_size, cfg.image_size, anchors)
-  out["dali"] = dali.time_dali(pipe, s.warmup + s.batches, _cpu_now)
+  out["dali"] = dali.time_dali(pipe, s.warmup + s.batches, host.cpu_seconds)
   say(f"    {label}, DALI's CPU pipeline ({out['dali']['threads']} threads): "
       f"{_num(out['dali']['examples_per_core_s'])} examples/s per core")
   return out
