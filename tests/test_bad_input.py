@@ -299,6 +299,8 @@ CASES = [
     ("main", ["resnet", "--global_batch_size=60"], "--global_batch_size=60 is not divisible"),
     ("main", ["resnet", "--dataset=imagenet", "--data_dir=/nonexistent"], "does not exist"),
     ("main", ["resnet", "--dataset=cifar"], "--dataset=cifar: choose one of"),
+    ("main", ["resnet", "--data_loader=torch"], "--data_loader=torch: choose one of grain, dali"),
+    ("main", ["resnet", "--data_loader=dali"], "--data_loader=dali reads ImageNet's JPEGs"),
     ("main", ["resnet", "--config=tpu-v9"], "unknown --config 'tpu-v9'"),
     ("main", ["resnet", "--model_depth=51"], "--model_depth=51: choose one of"),
     ("main", ["bert"], "unknown benchmark 'bert'; choose one of resnet, transformer, ssd"),

@@ -61,9 +61,11 @@ def test_each_process_reads_its_own_shard(imagenet_dir):
 
 
 @pytest.mark.slow
-def test_trains_an_epoch_on_it(imagenet_dir, tmp_path):
-  s = train.run(runs.local("resnet", _cfg(imagenet_dir, max_epochs=1), output_dir=str(tmp_path),
-                           quiet=True))
+@pytest.mark.parametrize("loader", ["grain", pytest.param("dali", marks=pytest.mark.skipif(
+    "_no_dali() is not None", reason="the dali extra is not installed"))])
+def test_trains_an_epoch_on_it(imagenet_dir, tmp_path, loader):
+  s = train.run(runs.local("resnet", _cfg(imagenet_dir, max_epochs=1, data_loader=loader),
+                           output_dir=str(tmp_path), quiet=True))
   assert s["dataset"] == "imagenet2012" and s["steps"] == N_TRAIN // 16
   assert s["evals"][0]["epoch_num"] == 1 and 0 <= s["final_quality"] <= 1
 
@@ -205,3 +207,28 @@ def test_pixels_and_normalized_values_match_pillows_full_decode():
   norm = lambda x: np.asarray(jax.jit(suite.device_image)(np.stack(x)))
   a, b = norm(new_px), norm(old_px)
   assert abs(a.mean() - b.mean()) < 0.01 and abs(a.std() / b.std() - 1) < 0.01
+
+
+def _no_dali():
+  try:
+    import nvidia.dali  # noqa: F401
+  except Exception as e:
+    return f"the dali extra is not installed ({type(e).__name__})"
+  return None
+
+
+@pytest.mark.skipif(_no_dali() is not None, reason=str(_no_dali()))
+def test_dali_loader_batches_hold_grains_records(imagenet_dir):
+  """--data_loader=dali (DALI's CPU pipeline here): each batch holds the records grain's batch
+  holds, in its order (the same labels), as uint8 pixels of the same shape; its crops are
+  DALI's own draws, so the pixels differ but their mean stays an image's."""
+  import dataclasses
+  cfg = _cfg(imagenet_dir)
+  grain_batches = list(data_lib.make(cfg).train(1))
+  dali_batches = list(data_lib.make(dataclasses.replace(cfg, data_loader="dali")).train(1))
+  assert len(dali_batches) == len(grain_batches) == N_TRAIN // 16
+  for g, d in zip(grain_batches, dali_batches):
+    assert d["image"].shape == g["image"].shape and d["image"].dtype == np.uint8
+    np.testing.assert_array_equal(d["label"], g["label"])
+    assert d["label"].dtype == np.int32
+    assert 60 < d["image"].mean() < 200

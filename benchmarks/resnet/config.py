@@ -22,6 +22,7 @@ SPEC = Spec(mlperf_name="resnet",
             rulesets=("0.7.0", "1.0.0", "1.1.0", "2.0.0", "2.1.0", "3.0.0", "3.1.0", "4.0.0"),
             metric="top-1 accuracy", target_field="target_accuracy")
 DATASETS = ("digits", "imagenet", "synthetic")
+DATA_LOADERS = ("grain", "dali")     # who decodes ImageNet's training batches (data.py, dali.py)
 IMAGENET_TRAIN_EXAMPLES = 1281167   # ILSVRC 2012 training images
 OPTIMIZERS = ("lars", "sgd")
 
@@ -33,6 +34,7 @@ class Config(Common):
   image_size: int = 224
   num_classes: int = 1000
   synthetic_examples: int = 0       # examples per epoch for --dataset=synthetic (0: 1,281,167)
+  data_loader: str = "grain"        # ImageNet's training batches: grain, or NVIDIA DALI
   # Model.
   model_depth: int = 50             # ResNet depth: 10, 14, 18, 26, 34, 50, 101 or 152
   model_width: int = 64             # channels of the first stage (64 for ResNet-50)
@@ -137,6 +139,11 @@ ABLATIONS = (
 def validate(c: Config) -> None:
   if c.dataset not in DATASETS:
     raise UserError(f"--dataset={c.dataset}: choose one of {', '.join(DATASETS)}")
+  if c.data_loader not in DATA_LOADERS:
+    raise UserError(f"--data_loader={c.data_loader}: choose one of {', '.join(DATA_LOADERS)}")
+  if c.data_loader == "dali" and c.dataset != "imagenet":
+    raise UserError(f"--data_loader=dali reads ImageNet's JPEGs; --dataset={c.dataset} is made "
+                    f"in numpy: use --data_loader=grain with it")
   if c.optimizer not in OPTIMIZERS:
     raise UserError(f"--optimizer={c.optimizer}: choose one of {', '.join(OPTIMIZERS)}")
   if c.model_depth not in STAGES:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import os
 
+import jax
 import numpy as np
 from absl import flags
 from PIL import Image
@@ -28,6 +29,7 @@ from benchmarks.data import (
   process_indices,
   subset_note,
 )
+from benchmarks.resnet import dali
 from benchmarks.resnet.config import IMAGENET_TRAIN_EXAMPLES
 from runtime import host
 from runtime.errors import UserError
@@ -277,8 +279,20 @@ def _imagenet(cfg, local_batch, local_eval, pi, pc) -> Data:
   eval_steps = num_steps(len(eval_src), local_eval * pc)
   size = cfg.image_size
   options = read_options(local_batch)
+  if cfg.data_loader == "dali":
+    dali.check_installed()
+
+  def order(epoch):
+    """This process's record indices for the epoch, as grain shuffles them."""
+    ds = grain.MapDataset.range(len(train_src)).shuffle(seed=cfg.seed + epoch)[pi::pc]
+    return np.fromiter((ds[i] for i in range(steps * local_batch)), np.int64)
 
   def train(epoch):
+    if cfg.data_loader == "dali":
+      gpus = [d.local_hardware_id for d in jax.local_devices() if d.platform == "gpu"]
+      yield from dali.train_batches(train_src, order(epoch), local_batch, size,
+                                    cfg.seed * 1000003 + epoch, gpus)
+      return
     # A batch is one element: its record indices (shuffled by the seed and the epoch, this
     # process's share) and its draws (grain's random_map: an rng from the seed and the batch's
     # index). With --data_workers=N, N processes make whole batches in turn (grain's

@@ -5,11 +5,11 @@ run without a GPU) is what NVIDIA's MLPerf submissions feed their GPUs with. Her
 pipelines do the work meshperf's do and are timed the same way (CPU seconds of this process,
 DALI's threads included, per example):
 
-  resnet  the JPEG bytes of the same tfds ArrayRecord records, read in Python (as meshperf reads
-          them) and passed through `fn.external_source`; `fn.decoders.image_random_crop` (8-100%
-          of the area, aspect 3/4-4/3, 10 attempts: libjpeg-turbo with a region of interest),
-          `fn.resize` to size x size, `fn.crop_mirror_normalize` to uint8 HWC with a random
-          mirror (meshperf normalizes on the device; so would this)
+  resnet  `--data_loader=dali`'s pipeline (`benchmarks/resnet/dali.py`) on CPU: the JPEG bytes of
+          the same tfds ArrayRecord records, read in Python (as grain's pipeline reads them)
+          through `fn.external_source`; `fn.decoders.image_random_crop` (libjpeg-turbo decoding
+          the crop's region), `fn.resize`, `fn.crop_mirror_normalize` to uint8 with a random
+          mirror (normalized on the device, as grain's batches are)
   ssd     the same COCO folder through `fn.readers.coco` (ltrb, relative boxes, images without
           boxes skipped), `fn.random_bbox_crop` (MLPerf's IoU thresholds, 30-100% per side,
           aspect 1/2-2), `fn.decoders.image_slice`, `fn.flip` + `fn.bb_flip`, `fn.resize`,
@@ -25,6 +25,8 @@ import os
 import time
 from typing import Any
 
+from benchmarks.resnet import dali as resnet_dali
+
 
 def available() -> str | None:
   """None when DALI imports, else why not (one line)."""
@@ -35,35 +37,18 @@ def available() -> str | None:
   return None
 
 
-def _threads() -> int:
-  return max(1, min(8, os.cpu_count() or 1))
-
-
 def resnet_pipeline(source, batch: int, size: int, seed: int = 0):
   """DALI's ImageNet training pipeline on CPU over `source` (a tfds data source whose records
-  hold `image`, a JPEG's bytes); built, ready to `run()`."""
-  import numpy as np
-  from nvidia.dali import fn, pipeline_def, types
+  hold `image`, a JPEG's bytes, and `label`), in record order: `--data_loader=dali`'s
+  (`benchmarks.resnet.dali.train_pipeline`); built, ready to `run()`."""
   count = (len(source) // batch) * batch
 
-  def read(info):
-    i = info.iteration * batch + info.idx_in_batch
+  def read(i):
     if i >= count:
       raise StopIteration
-    return np.frombuffer(source[i]["image"], np.uint8)
-
-  @pipeline_def(batch_size=batch, num_threads=_threads(), device_id=None, seed=seed)
-  def pipe():
-    jpegs = fn.external_source(source=read, batch=False, dtype=types.UINT8)
-    images = fn.decoders.image_random_crop(
-        jpegs, device="cpu", output_type=types.RGB, random_area=[0.08, 1.0],
-        random_aspect_ratio=[3 / 4, 4 / 3], num_attempts=10)
-    images = fn.resize(images, resize_x=size, resize_y=size)
-    return fn.crop_mirror_normalize(images, dtype=types.UINT8, output_layout="HWC",
-                                    mirror=fn.random.coin_flip())
-  p = pipe()
-  p.build()
-  return p
+    record = source[i]
+    return record["image"], record["label"]
+  return resnet_dali.train_pipeline(read, batch, size, seed, None)
 
 
 def ssd_pipeline(root: str, batch: int, size: int, anchors_ltrb, seed: int = 0):
@@ -71,7 +56,7 @@ def ssd_pipeline(root: str, batch: int, size: int, anchors_ltrb, seed: int = 0):
   encoding against `anchors_ltrb` (A, 4) normalized; built, ready to `run()`."""
   from nvidia.dali import fn, pipeline_def, types
 
-  @pipeline_def(batch_size=batch, num_threads=_threads(), device_id=None, seed=seed)
+  @pipeline_def(batch_size=batch, num_threads=resnet_dali.threads(), device_id=None, seed=seed)
   def pipe():
     jpegs, boxes, labels = fn.readers.coco(
         file_root=os.path.join(root, "train2017"),
@@ -110,4 +95,4 @@ def time_dali(pipe, batches: int, cpu_now) -> dict[str, Any]:
           "batches": batches, "wall_s": wall, "cpu_s": cpu,
           "examples_per_s": n / wall, "cpu_s_per_example": cpu / n,
           "examples_per_core_s": n / cpu if cpu > 0 else None, "cores_busy": cpu / wall,
-          "threads": _threads()}
+          "threads": resnet_dali.threads()}
