@@ -255,7 +255,7 @@ def _label_classes(source) -> int | None:
     return None
 
 
-def read_options(local_batch: int):
+def read_options():
   """grain's threads for whole batches: one a core up to 8 (a batch decodes in libjpeg-turbo
   and OpenCV, which release the GIL), as many batches prefetched (each thread's next)."""
   import grain
@@ -278,27 +278,26 @@ def _imagenet(cfg, local_batch, local_eval, pi, pc) -> Data:
                     f"{len(train_src)} imagenet2012 training examples in {cfg.data_dir}")
   eval_steps = num_steps(len(eval_src), local_eval * pc)
   size = cfg.image_size
-  options = read_options(local_batch)
+  options = read_options()
   if cfg.data_loader == "dali":
     dali.check_installed()
 
-  def order(epoch):
-    """This process's record indices for the epoch, as grain shuffles them."""
-    ds = grain.MapDataset.range(len(train_src)).shuffle(seed=cfg.seed + epoch)[pi::pc]
-    return np.fromiter((ds[i] for i in range(steps * local_batch)), np.int64)
+  def shuffled(epoch):
+    """This process's record indices for the epoch (shuffled by the seed and the epoch)."""
+    return grain.MapDataset.range(len(train_src)).shuffle(seed=cfg.seed + epoch)[pi::pc]
 
   def train(epoch):
-    if cfg.data_loader == "dali":
+    if cfg.data_loader == "dali":     # grain's records in grain's order, DALI's augmentation
+      ds = shuffled(epoch)
+      order = np.fromiter((ds[i] for i in range(steps * local_batch)), np.int64)
       gpus = [d.local_hardware_id for d in jax.local_devices() if d.platform == "gpu"]
-      yield from dali.train_batches(train_src, order(epoch), local_batch, size,
+      yield from dali.train_batches(train_src, order, local_batch, size,
                                     cfg.seed * 1000003 + epoch, gpus)
       return
-    # A batch is one element: its record indices (shuffled by the seed and the epoch, this
-    # process's share) and its draws (grain's random_map: an rng from the seed and the batch's
-    # index). With --data_workers=N, N processes make whole batches in turn (grain's
-    # mp_prefetch), so the batches are the same whatever N.
-    ds = (grain.MapDataset.range(len(train_src)).shuffle(seed=cfg.seed + epoch)[pi::pc]
-          .batch(local_batch, drop_remainder=True)
+    # A batch is one element: its record indices and its draws (grain's random_map: an rng
+    # from the seed and the batch's index). With --data_workers=N, N processes make whole
+    # batches in turn (grain's mp_prefetch), so the batches are the same whatever N.
+    ds = (shuffled(epoch).batch(local_batch, drop_remainder=True)
           .random_map(lambda idx, rng: train_batch([train_src[int(i)] for i in idx], size, rng),
                       seed=cfg.seed * 1000003 + epoch)).to_iter_dataset(options)
     if cfg.data_workers:
