@@ -41,8 +41,10 @@ class Spec:
                                    # decoded tokens); compile-only models price that many
   weight_unit: str = "examples"    # what the loss's weight counts (LossAux): "examples" or
                                    # "tokens" (real ones, padding excluded): the runs' tokens/s
-  division: str = "closed"         # the division a dry run checks by default (`./run.sh
-                                   # dryrun`); a run logs --division (default open)
+  division: str = "closed"         # "open" where the benchmark has no closed division
+  mlperf_dataset: str = ""         # the --dataset value that is MLPerf's dataset (ImageNet,
+                                   # COCO, ...): a run of it logs the closed division by
+                                   # default where the benchmark has one (`division_of`)
   tensor_dims: tuple[str, ...] = ()  # the model's dimensions whose split is tensor
                                    # parallelism; set: a run logs MLPerf 6.1.0's precision and
                                    # parallelism disclosures (`harness.events.disclosures`)
@@ -52,6 +54,15 @@ class Spec:
       raise ValueError(f"cadence is 'epochs' or 'samples', not {self.cadence!r}")
     if self.weight_unit not in ("examples", "tokens"):
       raise ValueError(f"weight_unit is 'examples' or 'tokens', not {self.weight_unit!r}")
+
+  def division_of(self, cfg, asked: str | None = None) -> str:
+    """The division a run of `cfg` logs: `asked` (--division) when given; else closed when
+    the benchmark has a closed division and the run trains MLPerf's dataset, open otherwise
+    (a digits or grammar run cannot be a closed result)."""
+    if asked:
+      return asked
+    closed = self.division == "closed" and cfg.dataset == self.mlperf_dataset
+    return "closed" if closed else "open"
 
   def target(self, cfg) -> float:
     return float(getattr(cfg, self.target_field))

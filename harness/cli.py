@@ -31,6 +31,7 @@ from harness.options import RunOptions
 from harness.run import Run
 from runtime import backend, errors, host, multihost, tpu_flags
 from runtime.errors import UserError
+from stepmodel import accelerators
 from stepmodel import topology as topology_lib
 from stepmodel.topology import Topology
 
@@ -185,6 +186,8 @@ def setup(argv: list[str], verb: str = "<benchmark>", tool: type | None = None,
   cfg = config_lib.replace(preset, {n: fv[n].value for n in types if n in given})
   config_lib.validate_common(cfg)
   o = options.from_flags(RunOptions, fv)
+  o = dataclasses.replace(o, division=entry.spec.division_of(
+      cfg, o.division if "division" in given else None))
   _check_options(name, o)
   if o.num_runs > 1 and cfg.seed + o.run_index + o.num_runs - 1 > config_lib.MAX_SEED:
     raise UserError(f"--seed={cfg.seed}: run i of the series takes seed --seed + i, up to "
@@ -212,8 +215,27 @@ def setup(argv: list[str], verb: str = "<benchmark>", tool: type | None = None,
   refitted = refit(cfg, tool_options, devs) if refit is not None else cfg
   if refitted != cfg:                     # its own strings, parsed
     cfg, strings = refitted, runs.parse(entry, refitted)
-  return runs.make(entry, cfg, devs, options=o, topology=topology, strings=strings,
-                   tool=tool_options, given=given)
+  try:
+    return runs.make(entry, cfg, devs, options=o, topology=topology, strings=strings,
+                     tool=tool_options, given=given)
+  except UserError:
+    _check_machine(preset_name, devs, topology)
+    raise
+
+
+def _check_machine(preset_name: str, devs: tuple, topology: Topology | None) -> None:
+  """A hardware preset's mesh that does not fit this machine's devices because they are not
+  the preset's (a GPU preset on a CPU-only machine): one line naming the devices it wants and
+  how to get them, instead of the device count."""
+  system = accelerators.SYSTEMS.get(preset_name)
+  if system is None or topology is not None or not devs or devs[0].platform == system.platform:
+    return
+  how = ("on the GPU host, with JAX's CUDA wheels there (`./run.sh install cuda12`)"
+         if system.platform == "gpu" else "on the TPU slice's hosts")
+  raise UserError(f"--config={preset_name} is a preset for {system.devices} "
+                  f"{system.platform.upper()} devices ({system.accelerator}); this machine has "
+                  f"{len(devs)} {devs[0].platform} device(s): run it {how}, or compile it "
+                  f"here with --compile_only --topology={system.topology}")
 
 
 def ending(fn: Callable[[list[str]], int], argv: list[str]) -> tuple[int, str | None]:

@@ -63,7 +63,9 @@ class RunOptions:
   output_dir: str | None = flag(None, "Where the MLPerf log, summary.json and checkpoints go "
                                 "(default runs/<benchmark>/<timestamp>).")
   run_index: int = flag(0, "The log goes to <output_dir>/result_<run_index>.txt.")
-  division: str = flag("open", "MLPerf division.", choices=("open", "closed"))
+  division: str = flag("open", "MLPerf division; when not given: closed for a run of the "
+                       "benchmark's MLPerf dataset (imagenet, coco, wmt14, c4) where the "
+                       "benchmark has a closed division, else open.", choices=("open", "closed"))
   submission_org: str = flag("meshperf", "MLPerf submission_org.")
   submission_platform: str = flag("", "MLPerf submission_platform (default: devices).")
   submission_status: str = flag("research", "MLPerf submission_status.",

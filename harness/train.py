@@ -244,7 +244,8 @@ def _build(run: Run, seq: Sequence, say) -> Built:
   devs = run.devices
   platform = run.options.submission_platform or f"{len(devs)}x{devs[0].device_kind}"
   seq.keys(events.init_keys(run, task, planned.replicas, platform))
-  say(f"{run.name}: mesh {dict(shd.mesh.shape)} layout '{shd.layout}' on {len(devs)} "
+  say(f"{run.name} ({run.options.division} division): mesh {dict(shd.mesh.shape)} layout "
+      f"'{shd.layout}' on {len(devs)} "
       f"{devs[0].platform} device(s), {run.process_count} process(es); {data.name}: "
       f"{data.num_train} train / {data.num_eval} eval examples, {data.steps_per_epoch} "
       f"steps/epoch; optimizations: {', '.join(run.plan.enabled) or 'none'}")

@@ -356,6 +356,8 @@ CASES = [
     ("run.sh", [], f"./run.sh needs a verb: a benchmark ({', '.join(BENCHMARKS)}), test, check"),
     ("run.sh", ["--config=tiny"], "the first word is a verb"),
     ("run.sh", ["install", "rocm"], "./run.sh install takes tpu, cuda12, cuda13 or dali"),
+    ("run.sh", ["throughput", "llama", "--config=gpu-8xh100"],
+     "--config=gpu-8xh100 is a preset for 8 GPU devices (h100); this machine has"),
     ("main", ["resnet", "--coordinator_address=127.0.0.1:23456", "--num_processes=2",
               "--process_id=2"], "--process_id=2: choose 0..1 (--num_processes=2)"),
     ("main", ["resnet", "--num_processes=0"], "--num_processes=0: at least 1"),
@@ -657,12 +659,14 @@ CASES = [
 def _tree(*roots, cache=None):
   """Every path under the roots (files and folders), but for finished tokenizers in the cache:
   a vocabulary trained before the run failed (a model that does not fit the layout) is kept
-  for the next run, like any cached tokenizer."""
+  for the next run, like any cached tokenizer; and the record of which XLA flags this jaxlib
+  takes (`runtime.backend`'s probe, once per machine, written when the devices start)."""
   paths = {os.path.join(d, n) for r in roots if os.path.isdir(r) for d, ds, fs in os.walk(r)
            for n in ds + fs}
   kept = os.path.join(str(cache), "tokenizers")
+  probe = os.path.join(str(cache), "xla-flags-taken.json")
   return {p for p in paths if not (p == kept or p.startswith(kept + os.sep)
-                                   and p.endswith(".model"))}
+                                   and p.endswith(".model") or p == probe)}
 
 
 def _own_process(verb, args) -> bool:

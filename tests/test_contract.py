@@ -78,3 +78,26 @@ def test_tiny_preset_end_to_end(name, tmp_path, monkeypatch):
     # then sees run_stop aborted).
     bad = [m for m in r.messages if "eval_accuracy" not in m and "run_stop" not in m]
     assert r.ok or not bad, (r.ruleset, r.messages)
+
+
+def test_a_run_of_mlperfs_dataset_logs_the_closed_division_unless_told():
+  """The division a run logs without --division: closed for every preset that trains the
+  benchmark's MLPerf dataset (the TPU and GPU presets) where the benchmark has a closed
+  division, open for the CPU presets (digits, shapes, grammar) and the LM; --division wins."""
+  closed = set()
+  for name in NAMES:
+    entry = registry.BENCHMARKS[name]
+    spec = entry.spec
+    for preset, cfg in entry.config().PRESETS.items():
+      got = spec.division_of(cfg)
+      want = ("closed" if spec.division == "closed" and cfg.dataset == spec.mlperf_dataset
+              else "open")
+      assert got == want, (name, preset)
+      assert spec.division_of(cfg, "open") == "open"
+      assert spec.division_of(cfg, "closed") == "closed"
+      if got == "closed":
+        closed.add((name, preset))
+      if preset in ("cpu", "tiny"):
+        assert got == "open", (name, preset)
+  assert ("llama", "tpu-v5p-128") in closed and ("llama", "gpu-8xh100") in closed
+  assert ("resnet", "gpu-8xh100") in closed and not any(n == "lm" for n, _ in closed)

@@ -62,7 +62,7 @@ def _dryrun(tmp_path, *args):
 
 @pytest.mark.slow
 def test_a_tiny_llama_fails_the_closed_rules_and_says_which(tmp_path):
-  p = _dryrun(tmp_path, "llama", "--config=tiny")
+  p = _dryrun(tmp_path, "llama", "--config=tiny", "--division=closed")
   assert p.returncode == 1, p.stderr[-2000:]
   out = p.stdout
   assert "max_sequence_length = 64: the rule is v['value'] == 8192" in out

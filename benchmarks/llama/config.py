@@ -30,7 +30,7 @@ MODEL_DIMS = ("layers", "embed", "heads", "kv_heads", "d_kv", "d_ff", "vocab")
 SPEC = Spec(mlperf_name="llama31_8b", rulesets=("5.1.0", "6.0.0", "6.1.0"),
             metric="log perplexity", target_field="target_log_perplexity",
             higher_is_better=False, cadence="samples", weight_unit="tokens",
-            tensor_dims=MODEL_DIMS)
+            tensor_dims=MODEL_DIMS, mlperf_dataset="c4")
 DATASETS = ("c4", "grammar")
 MAX_STEPS = 1_200_000           # the closed rule's max_steps: the schedule's length
 LLAMA31_VOCAB = 128_256

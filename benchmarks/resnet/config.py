@@ -20,7 +20,7 @@ from stepmodel.accelerators import GPU_XLA_FLAGS, TPU_ASYNC_COLLECTIVES
 # was 4.0).
 SPEC = Spec(mlperf_name="resnet",
             rulesets=("0.7.0", "1.0.0", "1.1.0", "2.0.0", "2.1.0", "3.0.0", "3.1.0", "4.0.0"),
-            metric="top-1 accuracy", target_field="target_accuracy")
+            metric="top-1 accuracy", target_field="target_accuracy", mlperf_dataset="imagenet")
 DATASETS = ("digits", "imagenet", "synthetic")
 DATA_LOADERS = ("grain", "dali")     # who decodes ImageNet's training batches (data.py, dali.py)
 IMAGENET_TRAIN_EXAMPLES = 1281167   # ILSVRC 2012 training images

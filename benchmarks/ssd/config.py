@@ -13,7 +13,7 @@ from runtime.errors import UserError
 from stepmodel.accelerators import GPU_XLA_FLAGS
 
 SPEC = Spec(mlperf_name="ssd", rulesets=("0.7.0", "1.0.0"), metric="mAP@[.5:.95]",
-            target_field="target_map")
+            target_field="target_map", mlperf_dataset="coco")
 DATASETS = ("coco", "shapes")
 DEPTHS = (10, 18, 34)   # ResNet backbones with basic blocks (10: tests)
 

@@ -21,7 +21,7 @@ from stepmodel.accelerators import GPU_XLA_FLAGS, TPU_ASYNC_COLLECTIVES
 
 SPEC = Spec(mlperf_name="transformer", rulesets=("0.6.0", "0.7.0"),
             metric="BLEU (uncased, /100)", target_field="target_bleu",
-            eval_loop_bound="max_decode_length", weight_unit="tokens")
+            eval_loop_bound="max_decode_length", weight_unit="tokens", mlperf_dataset="wmt14")
 DATASETS = ("grammar", "wmt14", "text")
 TRUNCATION = ("discard", "truncate")
 

@@ -199,9 +199,7 @@ def run(run: Run, say=print) -> dict[str, Any]:
   if ruleset not in spec.rulesets:
     raise UserError(f"--ruleset={ruleset}: {name} logs as {spec.mlperf_name}, which the "
                     f"installed checker defines in {', '.join(spec.rulesets)}")
-  division = o.division if "division" in run.given else spec.division
-  run = run.with_options(division=division)
-  o = run.options
+  division = o.division        # given, or the run's own default (`Spec.division_of`)
   stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
   out = o.output_dir or os.path.join("runs", name, f"dryrun-{o.config}-{stamp}")
   devs = run.devices
