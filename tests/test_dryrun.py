@@ -69,7 +69,9 @@ def test_a_tiny_llama_fails_the_closed_rules_and_says_which(tmp_path):
   assert "eval_samples = 16: the rule is v['value'] == 1024" in out
   assert "the RCP at global batch 16" in out
   assert "note: opt_base_learning_rate 0.003 here, 0.0004 in the RCP's runs" in out
-  assert out.strip().splitlines()[-1] == "verdict: FAIL: the 6.1.0 closed checker fails the log"
+  assert out.strip().splitlines()[-1].startswith(
+      "verdict: FAIL: the 6.1.0 closed checker fails the log; the RCP at global batch 16 comes "
+      "from runs with other hyperparameters")
   report = json.load(open(tmp_path / "out" / "dryrun.json"))
   assert report["division"] == "closed" and report["init_budget_minutes"] == 30
   log = (tmp_path / "out" / "result_0.txt").read_text()
@@ -126,3 +128,40 @@ def test_the_8b_on_v5p_passes(tmp_path):
   print(p.stdout)
   assert "the RCP at global batch 32" in p.stdout
   assert p.stdout.strip().splitlines()[-1] == "verdict: PASS"
+
+
+def test_the_verdict_names_the_flags_that_match_the_rcps_runs():
+  """At global batch 128 the RCP's runs used learning rate 2e-3, 32,768 warmup samples and 4
+  accumulation steps; the v5p preset at 128 logs 8e-4, 128 warmup steps and none: the dry run
+  lists each difference and the flags that match them, and with those flags none is left."""
+  import dataclasses
+
+  from benchmarks.llama.config import PRESETS
+  from logs import rcp
+  from tools.pod import dryrun
+  lookup = rcp.lookup("6.1.0", "llama31_8b", 128, "samples")
+  cfg = dataclasses.replace(PRESETS["tpu-v5p-128"], global_batch_size=128)
+  records = {"opt_base_learning_rate": cfg.base_learning_rate,
+             "opt_learning_rate_warmup_steps": cfg.warmup_steps,
+             "gradient_accumulation_steps": 1}
+  notes, flags = dryrun._rcp_notes(lookup, cfg, records)
+  assert notes == ["gradient_accumulation_steps 1 here, 4 in the RCP's runs",
+                   "opt_base_learning_rate 0.0008 here, 0.002 in the RCP's runs",
+                   "opt_learning_rate_warmup_samples 16384 here, 32768 in the RCP's runs"]
+  assert flags == ["--optimizations=fsdp,distributed_eval,grad_accum:4",
+                   "--base_learning_rate=0.002", "--warmup_steps=256"]
+  matched = {"opt_base_learning_rate": 0.002, "opt_learning_rate_warmup_steps": 256,
+             "gradient_accumulation_steps": 4}
+  assert dryrun._rcp_notes(lookup, cfg, matched) == ([], [])
+
+
+def test_the_docs_rcp_table_is_the_installed_checkers():
+  """docs/dryrun.md's table of every RCP is what `python -m tools.pod.rcps` makes from the
+  installed checker's files: a new mlperf-logging with other RCPs fails here until the page is
+  regenerated."""
+  from tools.pod import rcps
+  page = open(os.path.join(ROOT, "docs", "dryrun.md")).read()
+  begin, end = page.index(rcps.BEGIN), page.index(rcps.END) + len(rcps.END)
+  assert page[begin:end].splitlines() == rcps.markdown()
+  assert "| llama31_8b | 6.1.0 | 128 | gradient_accumulation_steps 4, opt_base_learning_rate " \
+         "0.002, opt_learning_rate_warmup_samples 32768 |" in page

@@ -26,8 +26,9 @@ One report and one verdict line, from five checks:
    an RCP, the preset's --max_epochs, as `--compile_only` predicts).
 
 The verdict is PASS when the program fits, the log passes, the init fits its budget and a
-closed result at this batch has an RCP to be checked against (a hyperparameter that differs
-from the RCP's is a note: the rules let a submission choose some of them). Exit status 0 on
+closed result at this batch has an RCP to be checked against, made with the run's learning
+rate, warmup and gradient accumulation (where the RCP's runs used others, the verdict names
+the flags that match them: rcp_checker's convergence bounds come from those runs). Exit status 0 on
 PASS, 1 on FAIL (`runtime.errors.EXIT_CHECK_FAILED`, as `./run.sh check`), 2 on bad input. The
 report is also `dryrun.json` in the output folder.
 """
@@ -54,6 +55,7 @@ from logs.mlperf import C, MLPerfLog
 from runtime import errors
 from runtime.errors import UserError
 from stepmodel import accelerators
+from tools.pod import rcps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,18 +158,48 @@ def _said(message: str) -> str:
   return f"{key.group(1)} = {value!r}: the rule is {test.group(1).strip()}"
 
 
-def _rcp_notes(lookup, cfg, records: dict) -> list[str]:
-  """The RCP's own hyperparameters that the log's differ from."""
-  notes = []
+def _rcp_notes(lookup, cfg, records: dict) -> tuple[list[str], list[str]]:
+  """(the RCP's own hyperparameters that the log's differ from, the flags that would match
+  them)."""
+  notes, flags = [], []
   for key, want in sorted(lookup.hyperparams.items()):
     if key == "opt_learning_rate_warmup_samples":
       steps = records.get("opt_learning_rate_warmup_steps")
       have = None if steps is None else steps * cfg.global_batch_size
     else:
       have = records.get(key)
-    if have is not None and not math.isclose(float(have), float(want), rel_tol=1e-6):
-      notes.append(f"{key} {have:g} here, {want:g} in the RCP's runs")
-  return notes
+    if have is not None and not _same(have, want):
+      notes.append(f"{key} {rcps.value_text(have)} here, {rcps.value_text(want)} in the RCP's "
+                   f"runs")
+      flags.append(_flag_for(key, want, cfg))
+  return notes, flags
+
+
+def _same(have, want) -> bool:
+  """A logged value equals the RCP's: numbers within a relative 1e-6, other values (an
+  optimizer's name, a list of epochs) as text."""
+  try:
+    return math.isclose(float(have), float(want), rel_tol=1e-6)
+  except (TypeError, ValueError):
+    return str(have) == str(want)
+
+
+def _flag_for(key: str, want, cfg) -> str:
+  """The run's flag that logs `key` as `want`: the keys the RCPs record (learning rate, warmup,
+  gradient accumulation) and the config fields that set them; else the key itself."""
+  if key == "opt_base_learning_rate" and hasattr(cfg, "base_learning_rate"):
+    return f"--base_learning_rate={want:g}"
+  if key == "opt_learning_rate_warmup_samples" and hasattr(cfg, "warmup_steps"):
+    steps = want / cfg.global_batch_size
+    return (f"--warmup_steps={int(steps)}" if steps == int(steps) else
+            f"a warmup of {want:g} samples ({steps:g} steps at global batch "
+            f"{cfg.global_batch_size})")
+  if key == "gradient_accumulation_steps":
+    kept = [o for o in cfg.optimizations.split(",")
+            if o and o != "none" and not o.startswith("grad_accum")]
+    return "--optimizations=" + ",".join(kept + ([f"grad_accum:{int(want)}"] if want > 1 else [])
+                                         or ["none"])
+  return f"{key} {rcps.value_text(want)}"
 
 
 # The files a dry run writes in its --output_dir; a folder holding anything else is a run's (a
@@ -218,7 +250,7 @@ def run(run: Run, say=print) -> dict[str, Any]:
   lookup = (rcp.lookup(ruleset, spec.mlperf_name, cfg.global_batch_size, spec.cadence)
             if division == "closed" else None)
   minutes = _minutes(summary, cfg, spec, lookup)
-  notes = _rcp_notes(lookup, cfg, records) if lookup else []
+  notes, matching = _rcp_notes(lookup, cfg, records) if lookup else ([], [])
 
   fails = []
   train = summary["train"]
@@ -230,6 +262,10 @@ def run(run: Run, say=print) -> dict[str, Any]:
     fails.append(f"compiling takes {compile_s / 60:.1f} of the {budget}-minute init budget")
   if lookup is not None and lookup.kind == "missing":
     fails.append(f"no RCP at global batch {cfg.global_batch_size}")
+  if notes:
+    fails.append(f"the RCP at global batch {cfg.global_batch_size} comes from runs with other "
+                 f"hyperparameters, so rcp_checker would compare this run against runs made "
+                 f"otherwise; to match them: {' '.join(matching)}")
 
   lines = []
   if summary["refused"]:
