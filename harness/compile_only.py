@@ -11,8 +11,12 @@ materialized (`harness.step.compile_steps`). It reports per-device memory agains
 by kind and replica-group size, XLA's own estimate, and the step-time model (`stepmodel.steptime`
 on a TPU slice, `stepmodel.gpu` on GPU hosts) with the minutes to train it predicts:
 
-  minutes = (training steps to --max_epochs x modelled step time
+  minutes = (training steps x modelled step time
              + evaluations at the preset's cadence x eval steps x modelled eval step time) / 60
+
+where the training steps are those to the reference convergence point's mean at the global
+batch for a closed-division run (`logs.rcp`; the dry run prints the same figure), else to
+--max_epochs; the report says which.
 
 Without `--topology` the steps compile for this machine's devices (no model: no accelerator's
 figures).
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import time
 from typing import Any, Callable
@@ -32,6 +37,7 @@ from benchmarks import registry
 from harness import build, compile_cache
 from harness.run import Run
 from harness.timeline import check_cadence, timeline
+from logs import rcp
 from runtime.errors import UserError
 from stepmodel import accelerators, cost, gpu, steptime, topology
 
@@ -40,16 +46,29 @@ GiB = 1 << 30
 
 def analyze(run: Run, *, with_eval: bool = True, say: Callable[[str], None] = print,
             cache_dir: str | None = None, refresh: bool = False, overlap: str = "schedule",
-            calibration: accelerators.Calibration | None = None) -> dict[str, Any]:
+            calibration: accelerators.Calibration | None = None,
+            ruleset: str | None = None) -> dict[str, Any]:
   """Compiles `run` for its devices (its --topology's slice, or this machine's) and returns
   the summary (JSON-able; `facts`, then `summarize`). A program that does not fit in
   HBM is summarized with `summary["fits"]` False; `refuse(summary)` turns that into a
   UserError. `overlap`: which reading of the step-time model is the step: "schedule" (the
   compiled schedule's, the default), or its bounds "none" (collectives after the kernels) and
   "full" (collectives hidden behind them); `calibration`: the model's constants (default: the
-  generation's)."""
+  generation's). A closed-division run's minutes run to the reference convergence point at its
+  batch (`ruleset`'s, default the newest the benchmark declares; `convergence`)."""
   raw = facts(run, with_eval=with_eval, say=say, cache_dir=cache_dir, refresh=refresh)
-  return summarize(raw, run.cfg, overlap, calibration)
+  return summarize(raw, run.cfg, overlap, calibration,
+                   lookup=convergence(run.spec, run.cfg, run.options.division, ruleset))
+
+
+def convergence(spec, cfg, division: str, ruleset: str | None = None) -> rcp.Lookup | None:
+  """What a closed run's minutes are predicted to: the RCP at its global batch (or the
+  interpolation; `logs.rcp.lookup`) of `ruleset` (default the newest the benchmark declares);
+  None for the open division, or where the ruleset has no RCPs."""
+  if division != "closed":
+    return None
+  return rcp.lookup(ruleset or spec.rulesets[-1], spec.mlperf_name, cfg.global_batch_size,
+                    spec.cadence)
 
 
 def facts(run: Run, *, with_eval: bool = True, say: Callable[[str], None] = print,
@@ -157,10 +176,12 @@ def read(raw: dict[str, Any], cfg) -> dict[str, Any]:
 
 def summarize(raw: dict[str, Any], cfg, overlap: str = "schedule",
               calibration: accelerators.Calibration | None = None,
-              steps: dict[str, Any] | None = None) -> dict[str, Any]:
+              steps: dict[str, Any] | None = None,
+              lookup: rcp.Lookup | None = None) -> dict[str, Any]:
   """The summary of compiled facts: per step, the figures, the fit in HBM and the modelled
-  time; the predicted minutes for `cfg`'s epochs and evaluation cadence. `steps`: `read(raw,
-  cfg)` when the caller has it."""
+  time; the predicted minutes to the RCP's mean convergence (`lookup`, a closed run's) or else
+  to `cfg`'s --max_epochs, at its evaluation cadence. `steps`: `read(raw, cfg)` when the caller
+  has it."""
   name = raw["topology_name"]
   topo = topology.parse(name) if name else None
   device = _device_figures(topo)
@@ -170,8 +191,8 @@ def summarize(raw: dict[str, Any], cfg, overlap: str = "schedule",
     train = _step(*steps["train"], device, overlap, calibration)
     evals = _step(*steps["eval"], device, overlap, calibration) if steps["eval"] else None
     spec = registry.BENCHMARKS[raw["benchmark"]].spec
-    prediction = _prediction(cfg, timeline(cfg, spec, raw["dataset"]["steps_per_epoch"]),
-                             raw["dataset"]["eval_steps"], train, evals)
+    prediction = _prediction(cfg, spec, raw["dataset"]["steps_per_epoch"],
+                             raw["dataset"]["eval_steps"], train, evals, lookup)
     if prediction is not None:
       prediction.update(utilization(raw, cfg.global_batch_size, prediction["step_s"], device,
                                     cfg))
@@ -240,21 +261,42 @@ def _step(cost: dict[str, Any], prepared, device, overlap: str = "schedule",
   return out
 
 
-def _prediction(cfg, blocks, eval_steps: int, train, evals) -> dict[str, Any] | None:
-  """Minutes to train by the model: every block's steps, then one evaluation per block."""
+def _prediction(cfg, spec, per_epoch: int, eval_steps: int, train, evals,
+                lookup: rcp.Lookup | None) -> dict[str, Any] | None:
+  """Minutes to train by the model: the training steps to the RCP's mean convergence (with
+  `lookup`) or to --max_epochs, and one evaluation for each block that starts before them."""
   if train["model"] is None:
     return None
-  steps = sum(b.steps for b in blocks)
+  if lookup is not None and lookup.mean is not None:
+    b = cfg.global_batch_size
+    steps = math.ceil(lookup.mean / b if lookup.unit == "samples" else lookup.mean * per_epoch)
+    long_cfg = dataclasses.replace(cfg, max_epochs=max(cfg.max_epochs, -(-steps // per_epoch)))
+    blocks = [k for k in timeline(long_cfg, spec, per_epoch) if k.first_step < steps]
+    basis = (f"the RCP's mean convergence, {lookup.mean:,.6g} {lookup.unit} at global batch "
+             f"{b} ({lookup.kind})")
+  else:
+    blocks = timeline(cfg, spec, per_epoch)
+    steps = sum(k.steps for k in blocks)
+    basis = f"--max_epochs={cfg.max_epochs:g}" + (
+        "" if spec.division != "closed" else " (no RCP: the open division, or none at this "
+        "batch)")
   step_s = train["model"]["step_s"]
   eval_step_s = evals["model"]["step_s"] if evals else 0.0
   train_s = steps * step_s
   eval_s = len(blocks) * eval_steps * eval_step_s
-  return {"epochs": cfg.max_epochs, "train_steps": steps, "step_s": step_s,
+  return {"epochs": steps / per_epoch, "basis": basis, "train_steps": steps, "step_s": step_s,
           "evaluations": len(blocks), "eval_steps": eval_steps, "eval_step_s": eval_step_s,
           "train_minutes": train_s / 60, "eval_minutes": eval_s / 60,
           "minutes": (train_s + eval_s) / 60,
-          "assumption": "the run lasts --max_epochs (set it to the epochs a run converges in) "
-                        "and evaluates at the preset's cadence; host input and init not timed"}
+          "assumption": f"the run trains to {basis} and evaluates at the preset's cadence; "
+                        "host input and init not timed"}
+
+
+def prediction_line(p: dict[str, Any]) -> str:
+  """The predicted minutes as compile-only runs and the dry run print them."""
+  return (f"predicted: to {p['basis']}: {p['train_steps']:,} steps x {_ms(p['step_s'])} + "
+          f"{p['evaluations']} evaluations x {p['eval_steps']} steps x {_ms(p['eval_step_s'])} "
+          f"= {p['minutes']:,.1f} minutes from run_start to run_stop")
 
 
 def utilization(raw: dict[str, Any], global_batch: int, step_s: float | None,
@@ -342,7 +384,9 @@ def report(summary: dict[str, Any]) -> str:
           lines.append(f"  {kind:<18} {v['count']:>5}x: {_mib(v['bytes'])} per device")
     model = step["model"]
     xla = step["optimal_seconds"]
-    xla_s = ("" if xla is None else f"; XLA's estimate {_ms(xla)} (no interconnect)" if xla >= 0
+    xla_s = ("" if xla is None else
+             f"; XLA's cost-model estimate {_ms(xla)} (each op at peak FLOPs or bandwidth, a "
+             f"loop's body once, no interconnect: not a step time)" if xla >= 0
              else f"; XLA's estimate is negative ({xla:.3g} s): unusable")
     if model:
       est = model.get("compiler_estimate_s")
@@ -359,10 +403,7 @@ def report(summary: dict[str, Any]) -> str:
                       else "") + xla_s)
   p = summary["prediction"]
   if p:
-    lines.append(f"predicted: {p['epochs']} epochs = {p['train_steps']:,} steps x "
-                 f"{_ms(p['step_s'])} + {p['evaluations']} evaluations x {p['eval_steps']} "
-                 f"steps x {_ms(p['eval_step_s'])} = {p['minutes']:.3g} minutes from run_start "
-                 f"to run_stop")
+    lines.append(prediction_line(p))
     rate = (f"{p['tokens_per_s_per_device']:,.0f} tokens/s" if "tokens_per_s_per_device" in p
             else f"{p['examples_per_s_per_device']:,.0f} examples/s")
     if "mfu" in p:

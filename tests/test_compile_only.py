@@ -344,3 +344,33 @@ def test_every_tpu_preset_compiles_for_its_slice_and_fits(name, preset, tmp_path
     s = summary[step]
     assert s["fits"] is True and 0 < s["memory_per_device"]["total_bytes"] <= \
         s["hbm_bytes_per_device"], (step, s["memory_per_device"])
+
+
+@pytest.mark.slow
+@needs_libtpu
+def test_a_closed_runs_minutes_run_to_the_rcp_an_open_runs_to_max_epochs():
+  """One prediction for compile-only runs and the dry run (which prints this summary's): a
+  closed run trains to the RCP's mean convergence at its batch (the tiny Llama at 16: 161,109
+  samples = 10,070 steps), an open one to --max_epochs; each says which."""
+  import dataclasses
+  import math
+
+  from harness import compile_only
+  from harness.options import RunOptions
+  topology.prepare_host()
+  cfg = dataclasses.replace(BENCHMARKS["llama"].config().PRESETS["tiny"], num_cpu_devices=0,
+                            mesh="data:8")
+  got = {}
+  for division in ("closed", "open"):
+    run = runs.on_slice(BENCHMARKS["llama"], cfg, "v4:2x2x2",
+                        options=RunOptions(division=division))
+    got[division] = compile_only.analyze(run, say=lambda s: None)["prediction"]
+  closed, opened = got["closed"], got["open"]
+  assert closed["basis"] == ("the RCP's mean convergence, 161,109 samples at global batch 16 "
+                             "(found)")
+  assert closed["train_steps"] == math.ceil(161109 / 16)
+  assert opened["basis"].startswith(f"--max_epochs={cfg.max_epochs:g}")
+  assert opened["train_steps"] != closed["train_steps"]
+  assert closed["step_s"] == opened["step_s"] > 0
+  line = compile_only.prediction_line(closed)
+  assert line.startswith("predicted: to the RCP's mean convergence") and "10,070 steps" in line

@@ -50,7 +50,7 @@ from harness import flags as flags_lib
 from harness.options import flag
 from harness.run import Run
 from harness.timeline import Block, timeline
-from logs import compliance, rcp
+from logs import compliance
 from logs.mlperf import C, MLPerfLog
 from runtime import errors
 from runtime.errors import UserError
@@ -123,28 +123,6 @@ def write_log(path: str, run: Run, planned: build.Planned, platform: str,
   with open(path, "w", encoding="utf-8") as f:
     f.write("\n".join(lines) + "\n")
   return block
-
-
-def _minutes(summary, cfg, spec, lookup) -> dict[str, Any] | None:
-  """Minutes from run_start to the RCP's mean convergence, at the modelled step times."""
-  train, evals = summary["train"], summary["eval"]
-  if lookup is None or lookup.mean is None or not train or train["model"] is None:
-    return None
-  per_epoch = summary["dataset"]["steps_per_epoch"]
-  steps = math.ceil(lookup.mean / cfg.global_batch_size if lookup.unit == "samples"
-                    else lookup.mean * per_epoch)
-  long_cfg = dataclasses.replace(cfg, max_epochs=max(cfg.max_epochs, -(-steps // per_epoch)))
-  n_evals = sum(1 for b in timeline(long_cfg, spec, per_epoch) if b.first_step < steps)
-  step_s = train["model"]["step_s"]
-  eval_s = (evals["model"]["step_s"] if evals and evals["model"] else 0.0) * \
-      summary["dataset"]["eval_steps"]
-  return {"converge": lookup.mean, "unit": lookup.unit, "train_steps": steps, "step_s": step_s,
-          "evaluations": n_evals, "evaluation_s": eval_s,
-          "minutes": (steps * step_s + n_evals * eval_s) / 60}
-
-
-def _seconds(s: float) -> str:
-  return f"{s * 1e3:,.0f} ms" if s < 1 else f"{s:,.1f} s"
 
 
 def _said(message: str) -> str:
@@ -237,7 +215,8 @@ def run(run: Run, say=print) -> dict[str, Any]:
   devs = run.devices
   where = o.topology or f"{len(devs)} {devs[0].platform} device(s)"
   say(f"dryrun {name} --config={o.config} on {where}: {division} division, ruleset {ruleset}")
-  summary = compile_only.analyze(run, say=say, cache_dir=o.compile_cache or None)
+  summary = compile_only.analyze(run, say=say, cache_dir=o.compile_cache or None,
+                                 ruleset=ruleset)
   planned = build.plan(run, shapes_only=True)
   os.makedirs(out, exist_ok=True)
   log_path = os.path.join(out, "result_0.txt")
@@ -247,9 +226,8 @@ def run(run: Run, say=print) -> dict[str, Any]:
   checked = compliance.check_file(log_path, ruleset)
   records = {r["key"]: r["value"] for r in compliance.read_log(log_path)}
   budget = init_budget_minutes(ruleset, division)
-  lookup = (rcp.lookup(ruleset, spec.mlperf_name, cfg.global_batch_size, spec.cadence)
-            if division == "closed" else None)
-  minutes = _minutes(summary, cfg, spec, lookup)
+  lookup = compile_only.convergence(spec, cfg, division, ruleset)
+  minutes = summary["prediction"]       # compile-only's own: to the RCP, or to --max_epochs
   notes, matching = _rcp_notes(lookup, cfg, records) if lookup else ([], [])
 
   fails = []
@@ -297,13 +275,7 @@ def run(run: Run, say=print) -> dict[str, Any]:
     lines.append(f"  RCP        {lookup.explain()}")
     lines += [f"             note: {n}" for n in notes]
   if minutes:
-    lines.append(f"  predicted  {minutes['converge']:,.6g} {minutes['unit']} = "
-                 f"{minutes['train_steps']:,} steps x {minutes['step_s'] * 1e3:,.0f} ms + "
-                 f"{minutes['evaluations']} evaluations x {_seconds(minutes['evaluation_s'])} = "
-                 f"{minutes['minutes']:,.1f} minutes from run_start to run_stop")
-  elif summary["prediction"]:
-    lines.append(f"  predicted  {summary['prediction']['minutes']:,.1f} minutes for "
-                 f"--max_epochs={cfg.max_epochs} (no RCP to converge by)")
+    lines.append("  predicted  " + compile_only.prediction_line(minutes).split(": ", 1)[1])
   verdict = ("PASS" if not fails else "FAIL: " + "; ".join(fails))
   lines.append(f"verdict: {verdict}")
   say("\n".join(lines))
