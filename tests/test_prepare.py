@@ -355,3 +355,64 @@ def test_a_killed_preparation_leaves_no_process(tmp_path):
       os.kill(pid, signal.SIGKILL)
   assert left == [], [open(f"/proc/{pid}/cmdline").read() for pid in left if os.path.exists(
       f"/proc/{pid}")]
+
+
+def _c4(folder, train_docs=40, valid_docs=12, vocab=1000):
+  """MLCommons' four C4 files (Megatron indexed datasets) with random documents of token ids."""
+  from benchmarks.llama import indexed
+  rng = np.random.default_rng(0)
+  folder.mkdir(parents=True, exist_ok=True)
+  for prefix, n in ((indexed.TRAIN, train_docs), (indexed.VALIDATION, valid_docs)):
+    indexed.write(str(folder / prefix), [rng.integers(1, vocab, rng.integers(20, 60),
+                                                      dtype=np.int32) for _ in range(n)])
+
+
+def test_c4_is_checked_linked_and_read_by_a_run(tmp_path, capfd):
+  """`./run.sh prepare c4`: the four files checked (their counts reported; a part refused
+  without --subset) and linked into --data_dir, where llama's --dataset=c4 reads them and says
+  they are a subset."""
+  import dataclasses
+
+  from benchmarks.llama import data as llama_data
+  from benchmarks.llama import indexed
+  from benchmarks.llama.config import PRESETS
+  src, out = tmp_path / "downloads", tmp_path / "c4"
+  _c4(src)
+  code, _, err = _prepare(capfd, "c4", f"--from={src}", f"--data_dir={out}")
+  assert code == 2 and "holds 12 documents, not the 91,205 its name promises" in _error(err)
+  assert not out.exists()
+  code, got, err = _prepare(capfd, "c4", f"--from={src}", f"--data_dir={out}", "--subset")
+  assert code == 0, err[-3000:]
+  assert f"{indexed.VALIDATION}: 12 documents" in err and "llama --config=gpu-8xh100" in got
+  for name in os.listdir(src):
+    assert os.path.samefile(src / name, out / name)
+  cfg = dataclasses.replace(PRESETS["tiny"], dataset="c4", data_dir=str(out), eval_samples=8,
+                            max_sequence_length=32, global_batch_size=8, eval_batch_size=8)
+  data = llama_data.make(cfg)
+  batch = next(iter(data.train(0)))
+  assert batch["inputs"].shape == (8, 32)
+  assert data.subset.startswith("c4 is not the published dataset: train ") and \
+      "validation 12 of 91,205 documents" in data.subset
+  code, _, err = _prepare(capfd, "c4", f"--from={src}", f"--data_dir={out}", "--subset")
+  assert code == 0 and "already there" in err         # again: nothing to do
+
+
+@pytest.mark.parametrize("damage,needle", [
+    ("missing", "lacks c4-train.en_6_text_document.bin"),
+    ("cut", "a download cut short?"),
+    ("id", "outside the model's --vocab_size=128,256"),
+])
+def test_c4_damaged_is_one_error_line_and_nothing_placed(tmp_path, capfd, damage, needle):
+  from benchmarks.llama import indexed
+  src, out = tmp_path / "downloads", tmp_path / "c4"
+  _c4(src)
+  train_bin = src / f"{indexed.TRAIN}.bin"
+  if damage == "missing":
+    train_bin.unlink()
+  elif damage == "cut":
+    train_bin.write_bytes(train_bin.read_bytes()[:-8])
+  else:
+    _c4(src, vocab=200_000)
+  code, _, err = _prepare(capfd, "c4", f"--from={src}", f"--data_dir={out}", "--subset")
+  assert code == 2 and needle in _error(err)
+  assert not out.exists()

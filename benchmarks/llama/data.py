@@ -36,6 +36,7 @@ NAMES = {"inputs": ("batch", "length"), "targets": ("batch", "length"), "mask": 
 # MLCommons' preprocessed C4 train file: 83,976,774,280 bytes of int32 ids (the sizes NVIDIA's
 # v5.1 submission lists, `expected-mounts-8b.csv` in mlcommons/training_results_v5.1).
 C4_TRAIN_TOKENS = 83_976_774_280 // 4
+C4_VALIDATION_DOCUMENTS = 91205    # C4's first 91,205 validation documents (the file's name)
 
 
 def describe(cfg, process_count: int = 1) -> Data | None:
@@ -119,4 +120,18 @@ def make(cfg, process_index: int = 0, process_count: int = 1) -> Data:
     return padded(array_batches(eval_arrays, local_eval), local_eval, eval_steps, eval_arrays)
 
   return Data(f"c4 ({folder})" if cfg.dataset == "c4" else "grammar (C4's format)",
-              steps * G, cfg.eval_samples, steps, eval_steps, train, evaluate, NAMES)
+              steps * G, cfg.eval_samples, steps, eval_steps, train, evaluate, NAMES,
+              subset=_subset(train_ds, valid_ds) if cfg.dataset == "c4" else "")
+
+
+def _subset(train_ds: indexed.Indexed, valid_ds: indexed.Indexed) -> str:
+  """"" for MLCommons' C4 as published, else the line a run says and logs (`./run.sh prepare
+  c4 --subset` accepts a part)."""
+  parts = []
+  if train_ds.num_tokens != C4_TRAIN_TOKENS:
+    parts.append(f"train {train_ds.num_tokens:,} of {C4_TRAIN_TOKENS:,} tokens")
+  if valid_ds.num_documents != C4_VALIDATION_DOCUMENTS:
+    parts.append(f"validation {valid_ds.num_documents:,} of {C4_VALIDATION_DOCUMENTS:,} "
+                 f"documents")
+  return ("" if not parts else "c4 is not the published dataset: " + ", ".join(parts)
+          + " (a subset: its results are not comparable with full-dataset runs)")

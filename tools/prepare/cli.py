@@ -9,6 +9,8 @@ exactly what the benchmarks read (no TensorFlow).
              -> DIR/wmt14_translate/de-en/1.0.0/                     transformer --dataset=wmt14
   lm1b       1-billion-word-language-modeling-benchmark-r13output.tar.gz
              -> DIR/lm1b/1.1.0/                                      lm --dataset=lm1b
+  c4         MLCommons' preprocessed C4 for llama31_8b (four files), checked and linked
+             -> DIR/c4-*.{idx,bin}                                   llama --dataset=c4
 
 Worker processes (`--workers`, default the machine's cores) write shards; a progress bar shows
 the rate and the time left; an interrupted preparation continues where it stopped when the
@@ -33,7 +35,7 @@ from runtime import files
 from runtime.errors import UserError
 from tools.prepare import shards
 
-DATASETS = ("imagenet", "coco", "wmt14", "lm1b")
+DATASETS = ("imagenet", "coco", "wmt14", "lm1b", "c4")
 # tfds names and the published counts (tools.prepare.<dataset>.PUBLISHED).
 TFDS = {"imagenet": "imagenet2012", "wmt14": "wmt14_translate/de-en", "lm1b": "lm1b"}
 # Disk a full preparation needs, over the archives' bytes: the dataset about as large as the
@@ -53,7 +55,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
               epilog=__doc__.split("\n\n", 1)[1])
   p.add_argument("dataset", choices=DATASETS, help="which dataset")
   p.add_argument("--from", dest="src", required=True,
-                 help="the folder holding the official downloads (unrenamed)")
+                 help="the folder holding the official downloads (unrenamed; c4: MLCommons' "
+                 "four files)")
   p.add_argument("--data_dir", required=True, help="where the dataset goes: the --data_dir of "
                  "the benchmark that reads it")
   p.add_argument("--workers", type=int, default=min(32, os.cpu_count() or 1),
@@ -140,6 +143,12 @@ def _prepare(a: argparse.Namespace) -> int:
   def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
+  if a.dataset == "c4":                   # already the format the benchmark reads
+    module.check(a.src, a.subset, say)
+    module.place(a.src, a.data_dir, say)
+    print(f"prepare: done; train with ./run.sh llama --config=gpu-8xh100 --data_dir={a.data_dir} "
+          f"(or --config=tpu-v5p-128; both read --dataset=c4)")
+    return 0
   if a.dataset == "coco":
     if module.prepared(a.data_dir):
       say(f"prepare: COCO 2017 is already in {a.data_dir} (its annotation files are there); "
