@@ -355,7 +355,8 @@ def _si(x, unit: str) -> str:
 
 
 def _ms(s) -> str:
-  return f"{s * 1e3:.3g} ms"
+  """Three significant figures, in ms; whole ms from a second up (2,488 ms, not 2.49e+03)."""
+  return f"{s * 1e3:,.0f} ms" if s >= 1 else f"{s * 1e3:.3g} ms"
 
 
 def report(summary: dict[str, Any]) -> str:
