@@ -289,7 +289,8 @@ def test_a_signal_during_the_setup_ends_with_status_5_and_leaves_nothing(tmp_pat
   status 5 and one line, not the default death by signal (143, 129); nothing is written."""
   out = tmp_path / "run"
   p = _start(f"--output_dir={out}")
-  rc, stdout, err = _kill_when(p, lambda line: line.startswith("resnet: mesh"), sig)
+  rc, stdout, err = _kill_when(p, lambda line: line.startswith("resnet (open division): mesh"),
+                               sig)
   assert rc == 5, err[-3000:]
   assert "Traceback" not in err and "compiled in" not in stdout
   errors = [line for line in err.splitlines() if line.startswith("error: ")]
