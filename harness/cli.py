@@ -143,22 +143,12 @@ def _start_devices(cfg, o: RunOptions, topology: Topology | None,
   return tuple(jax.devices())
 
 
-def setup(argv: list[str], verb: str = "<benchmark>", tool: type | None = None,
-          compiles_only_with_topology: bool = False, one_process: bool = False,
-          reads_no_data: bool = False, refit: Callable | None = None) -> Run:
-  """Parses `<benchmark> [flags]` (argv[0] is the program) on a fresh set of flags, starts the
-  devices and returns the `Run` it asks for. Bad input raises UserError before jax starts its
-  backend (the config's strings, the flags) or before anything is built (the mesh over the
-  devices); `--help` prints the benchmark's flags and exits 0. `tool`: a verb's own options, a
-  frozen dataclass of `harness.options.flag` fields (ablate, sweep, dryrun, throughput), in
-  `Run.tool`; its `check(run options, flags given)`, where it has one, refuses bad ones before
-  jax starts. `compiles_only_with_topology`: the verb only compiles when given --topology
-  (ablate), so --compile_only is not needed with it. `one_process`: the verb writes its results
-  from the one process it runs in (sweep, ablate): multi-host flags are refused before anything
-  starts. `reads_no_data`: the verb describes the dataset instead of reading it (throughput), as
-  a compile-only run does, so no --data_dir is needed. `refit(cfg, tool options, devices)`:
-  the verb's config for the devices there are, once they are known (throughput's
-  --fit_devices)."""
+def parse_flags(argv: list[str], verb: str = "<benchmark>", tool: type | None = None):
+  """`<benchmark> [flags]` (argv[0] is the program) parsed on a fresh set of flags: each flag
+  known to the benchmark, the run or the verb's `tool`, of its type and choices, the preset
+  named; nothing checked beyond that and nothing started. (entry, preset name, the preset with
+  the flags given, the parsed flag values, the names given). `--help` prints the benchmark's
+  flags and exits 0."""
   entry = _benchmark(argv, verb)
   name, mod = entry.name, entry.config()
   preset_name = flags_lib.flag_value(argv, "config") or "cpu"
@@ -183,7 +173,29 @@ def setup(argv: list[str], verb: str = "<benchmark>", tool: type | None = None,
     raise UserError(f"--config={fv.config}: write it as --config=NAME (one of "
                     f"{', '.join(mod.PRESETS)})")
   given = frozenset(n for n in fv if fv[n].present)
-  cfg = config_lib.replace(preset, {n: fv[n].value for n in types if n in given})
+  return (entry, preset_name, config_lib.replace(preset, {n: fv[n].value for n in types
+                                                           if n in given}), fv, given)
+
+
+def setup(argv: list[str], verb: str = "<benchmark>", tool: type | None = None,
+          compiles_only_with_topology: bool = False, one_process: bool = False,
+          reads_no_data: bool = False, refit: Callable | None = None) -> Run:
+  """Parses `<benchmark> [flags]` (argv[0] is the program) on a fresh set of flags, starts the
+  devices and returns the `Run` it asks for. Bad input raises UserError before jax starts its
+  backend (the config's strings, the flags) or before anything is built (the mesh over the
+  devices); `--help` prints the benchmark's flags and exits 0. `tool`: a verb's own options, a
+  frozen dataclass of `harness.options.flag` fields (ablate, sweep, dryrun, throughput), in
+  `Run.tool`; its `check(run options, flags given)`, where it has one, refuses bad ones before
+  jax starts. `compiles_only_with_topology`: the verb only compiles when given --topology
+  (ablate), so --compile_only is not needed with it. `one_process`: the verb writes its results
+  from the one process it runs in (sweep, ablate): multi-host flags are refused before anything
+  starts. `reads_no_data`: the verb describes the dataset instead of reading it (throughput), as
+  a compile-only run does, so no --data_dir is needed. `refit(cfg, tool options, devices)`:
+  the verb's config for the devices there are, once they are known (throughput's
+  --fit_devices)."""
+  entry, preset_name, cfg, fv, given = parse_flags(argv, verb, tool)
+  mod = entry.config()
+  name = entry.name
   config_lib.validate_common(cfg)
   o = options.from_flags(RunOptions, fv)
   o = dataclasses.replace(o, division=entry.spec.division_of(
