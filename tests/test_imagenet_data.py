@@ -61,11 +61,9 @@ def test_each_process_reads_its_own_shard(imagenet_dir):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("loader", ["grain", pytest.param("dali", marks=pytest.mark.skipif(
-    "_no_dali() is not None", reason="the dali extra is not installed"))])
-def test_trains_an_epoch_on_it(imagenet_dir, tmp_path, loader):
-  s = train.run(runs.local("resnet", _cfg(imagenet_dir, max_epochs=1, data_loader=loader),
-                           output_dir=str(tmp_path), quiet=True))
+def test_trains_an_epoch_on_it(imagenet_dir, tmp_path):
+  s = train.run(runs.local("resnet", _cfg(imagenet_dir, max_epochs=1), output_dir=str(tmp_path),
+                           quiet=True))
   assert s["dataset"] == "imagenet2012" and s["steps"] == N_TRAIN // 16
   assert s["evals"][0]["epoch_num"] == 1 and 0 <= s["final_quality"] <= 1
 
