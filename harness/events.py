@@ -18,13 +18,14 @@ evaluation reaches the target (`dry_run`).
 from __future__ import annotations
 
 import getpass
+import json
 import math
 import os
 from typing import Any
 
 from benchmarks.task import Task
 from harness.run import Run
-from harness.timeline import Block
+from harness.timeline import Block, timeline
 from logs.mlperf import C, MLPerfLog
 from logs.resumed import DRY_RUN_KEY, INTERRUPTED_KEY, RESUMED_KEY
 
@@ -178,3 +179,29 @@ def dry_run(log: MLPerfLog, keys: list[tuple], data, block: Block, quality: floa
   seq.eval_start(block)
   seq.eval_stop(block, quality)
   seq.run_stop(True)
+
+
+def dry_run_lines(run: Run, task: Task, replicas: int, platform: str, steps_per_epoch: int,
+                  compile_s: float = 0.0) -> tuple[list[str], Block]:
+  """The log lines a run of `run` would write (`dry_run`) and its first block: that block's
+  evaluation reaches the target; init_stop comes `compile_s` after init_start."""
+  log = MLPerfLog(True)
+  block = timeline(run.cfg, run.spec, steps_per_epoch)[0]
+  dry_run(log, init_keys(run, task, replicas, platform), task.data, block,
+          run.spec.target(run.cfg))
+  lines = _shifted(log.held_lines(), C.INIT_STOP, compile_s * 1000)
+  log.close()
+  return lines, block
+
+
+def _shifted(lines: list[str], key: str, ms: float) -> list[str]:
+  """The log's lines with every event from the first `key` on moved `ms` later."""
+  out, moving = [], False
+  for line in lines:
+    head, _, body = line.partition(":::MLLOG ")
+    rec = json.loads(body)
+    moving = moving or rec["key"] == key
+    if moving:
+      rec["time_ms"] = rec["time_ms"] + round(ms)
+    out.append(f"{head}:::MLLOG {json.dumps(rec)}")
+  return out

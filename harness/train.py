@@ -19,6 +19,7 @@ import dataclasses
 import os
 import statistics
 import sys
+import tempfile
 import time
 from typing import Any, Callable
 
@@ -45,7 +46,7 @@ from harness.step import evaluate as evaluate_stats
 from harness.throughput import Throughput, device_peak
 from harness.timeline import Block, batches, check_cadence, timeline
 from harness.watchdog import Watchdog
-from logs import observe
+from logs import compliance, observe
 from logs.mlperf import C, MLPerfLog
 from runtime import errors, host
 from runtime.errors import UserError
@@ -244,6 +245,8 @@ def _build(run: Run, seq: Sequence, say) -> Built:
   devs = run.devices
   platform = run.options.submission_platform or f"{len(devs)}x{devs[0].device_kind}"
   seq.keys(events.init_keys(run, task, planned.replicas, platform))
+  if run.options.division == "closed":
+    check_closed(run, planned, platform)
   say(f"{run.name} ({run.options.division} division): mesh {dict(shd.mesh.shape)} layout "
       f"'{shd.layout}' on {len(devs)} "
       f"{devs[0].platform} device(s), {run.process_count} process(es); {data.name}: "
@@ -253,6 +256,25 @@ def _build(run: Run, seq: Sequence, say) -> Built:
     seq.subset(data.subset)
     say(f"note: {data.subset}")
   return build.compile_planned(planned)
+
+
+def check_closed(run: Run, planned, platform: str) -> None:
+  """A closed-division run whose flags break the closed rules is refused before anything is
+  compiled or logged: the log it would write (`events.dry_run_lines`, its evaluation at the
+  target) is checked by mlperf-logging's compliance checker under the newest ruleset the
+  benchmark declares, and any rule it fails is one UserError line."""
+  ruleset = run.spec.rulesets[-1]
+  lines, _ = events.dry_run_lines(run, planned.task, planned.replicas, platform,
+                                  planned.task.data.steps_per_epoch)
+  with tempfile.TemporaryDirectory() as tmp:
+    path = os.path.join(tmp, "result_0.txt")
+    with open(path, "w", encoding="utf-8") as f:
+      f.write("\n".join(lines) + "\n")
+    checked = compliance.check_file(path, ruleset)
+  if not checked.ok:
+    broken = "; ".join(compliance.said(m) for m in checked.messages)
+    raise UserError(f"--division=closed: the {ruleset} closed rules refuse this run: {broken}; "
+                    f"set those flags as the rules ask, or run with --division=open")
 
 
 def run(run: Run) -> dict[str, Any]:

@@ -9,6 +9,7 @@ import dataclasses
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -140,3 +141,14 @@ def check_path(path: str, declared: dict[str, tuple[str, ...]],
     for ruleset in rulesets or declared[bench]:
       results.append(check_file(log, ruleset))
   return results
+
+
+def said(message: str) -> str:
+  """One line of a checker message: the key, its logged value and the rule it failed."""
+  key = re.search(r"CHECK for '([^']+)' failed", message)
+  test = re.search(r"failed test:\s*(.+)", message)
+  line = re.search(r":::MLLOG (\{.*\})", message)
+  if not (key and test and line):
+    return message.splitlines()[0]
+  value = json.loads(line.group(1)).get("value")
+  return f"{key.group(1)} = {value!r}: the rule is {test.group(1).strip()}"

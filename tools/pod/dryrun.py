@@ -49,9 +49,8 @@ from harness import build, cli, compile_only, events
 from harness import flags as flags_lib
 from harness.options import flag
 from harness.run import Run
-from harness.timeline import Block, timeline
+from harness.timeline import Block
 from logs import compliance
-from logs.mlperf import C, MLPerfLog
 from runtime import errors
 from runtime.errors import UserError
 from stepmodel import accelerators
@@ -96,44 +95,15 @@ def init_budget_minutes(ruleset: str, division: str) -> int | None:
   return int(m.group(1) if division == "open" else m.group(2))
 
 
-def _shifted(lines: list[str], key: str, ms: float) -> list[str]:
-  """The log's lines with every event from the first `key` on moved `ms` later."""
-  out, moving = [], False
-  for line in lines:
-    head, _, body = line.partition(":::MLLOG ")
-    rec = json.loads(body)
-    moving = moving or rec["key"] == key
-    if moving:
-      rec["time_ms"] = rec["time_ms"] + round(ms)
-    out.append(f"{head}:::MLLOG {json.dumps(rec)}")
-  return out
-
-
 def write_log(path: str, run: Run, planned: build.Planned, platform: str,
               compile_s: float) -> Block:
-  """The log a run of `run` would write (`harness.events.dry_run`): its first block's
-  evaluation reaches the target; init_stop comes `compile_s` after init_start. Returns the
-  block."""
-  log = MLPerfLog(True)
-  block = timeline(run.cfg, run.spec, planned.task.data.steps_per_epoch)[0]
-  keys = events.init_keys(run, planned.task, planned.replicas, platform)
-  events.dry_run(log, keys, planned.task.data, block, run.spec.target(run.cfg))
-  lines = _shifted(log.held_lines(), C.INIT_STOP, compile_s * 1000)
-  log.close()
+  """The log a run of `run` would write (`harness.events.dry_run_lines`) into `path`; returns
+  its first block."""
+  lines, block = events.dry_run_lines(run, planned.task, planned.replicas, platform,
+                                      planned.task.data.steps_per_epoch, compile_s)
   with open(path, "w", encoding="utf-8") as f:
     f.write("\n".join(lines) + "\n")
   return block
-
-
-def _said(message: str) -> str:
-  """One line of a checker message: the key, its logged value and the rule it failed."""
-  key = re.search(r"CHECK for '([^']+)' failed", message)
-  test = re.search(r"failed test:\s*(.+)", message)
-  line = re.search(r":::MLLOG (\{.*\})", message)
-  if not (key and test and line):
-    return message.splitlines()[0]
-  value = json.loads(line.group(1)).get("value")
-  return f"{key.group(1)} = {value!r}: the rule is {test.group(1).strip()}"
 
 
 def _rcp_notes(lookup, cfg, records: dict) -> tuple[list[str], list[str]]:
@@ -264,7 +234,7 @@ def run(run: Run, say=print) -> dict[str, Any]:
                   f" (ruleset {ruleset} sets no init budget)"))
   lines.append(f"  log        {log_path}: the {ruleset} checker "
                + ("passes it" if checked.ok else "fails it:"))
-  lines += [f"               {_said(m)}" for m in checked.messages if not checked.ok]
+  lines += [f"               {compliance.said(m)}" for m in checked.messages if not checked.ok]
   lines.append(f"  cadence    first evaluation at {block.label} "
                f"({', '.join(f'{k} {v}' for k, v in block.at.items())})")
   if division != "closed":
