@@ -1,8 +1,9 @@
 """Llama 3.1 end to end: the CPU default (`./run.sh llama --config=cpu`, the open division: the
-grammar corpus is not MLPerf's dataset) reaches its log-perplexity target and every ruleset that
-defines llama31_8b (5.1.0, 6.0.0, 6.1.0) passes its log; with `--division=closed` the same run
-is refused before anything starts, on one closed rule only: rows of 8,192 tokens, which a CPU
-model does not train on."""
+grammar corpus is not MLPerf's dataset) reaches its log-perplexity target, and the open rules of
+every ruleset that defines llama31_8b (5.1.0, 6.0.0, 6.1.0) fail its log on their one check
+only (a log perplexity under 1.0); with `--division=closed` the same run is refused before
+anything starts, on one closed rule only: rows of 8,192 tokens, which a CPU model does not
+train on."""
 
 import json
 import os
@@ -47,6 +48,9 @@ def test_cpu_default_reaches_target_and_a_closed_run_is_refused_on_the_row_lengt
       cpu.eval_every_samples * (i + 1) for i in range(len(evals))]
   results = check.check_path(str(tmp_path / "run"))
   assert {r.ruleset for r in results} == set(SPEC.rulesets)
-  for r in results:
-    assert r.ok, (r.ruleset, r.messages)
+  for r in results:     # the open rules' one check (a placeholder in mlperf-logging's
+    # open_llama31_8b.yaml, "TODO: Update with official compliance requirements"): a log
+    # perplexity under 1.0, which this corpus does not reach
+    assert list(r.messages) == ["Failed checks for eval_accuracy : v['value'] < 1.0"], (
+        r.ruleset, r.messages)
   assert '"submission_division", "value": "open"' in (tmp_path / "run" / "result_0.txt").read_text()
