@@ -148,7 +148,7 @@ def test_the_verdict_names_the_flags_that_match_the_rcps_runs():
   assert notes == ["gradient_accumulation_steps 1 here, 4 in the RCP's runs",
                    "opt_base_learning_rate 0.0008 here, 0.002 in the RCP's runs",
                    "opt_learning_rate_warmup_samples 16384 here, 32768 in the RCP's runs"]
-  assert flags == ["--optimizations=fsdp,distributed_eval,grad_accum:4",
+  assert flags == ["--optimizations=distributed_eval,grad_accum:4",
                    "--base_learning_rate=0.002", "--warmup_steps=256"]
   matched = {"opt_base_learning_rate": 0.002, "opt_learning_rate_warmup_steps": 256,
              "gradient_accumulation_steps": 4}

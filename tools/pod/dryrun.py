@@ -143,8 +143,10 @@ def _flag_for(key: str, want, cfg) -> str:
             f"a warmup of {want:g} samples ({steps:g} steps at global batch "
             f"{cfg.global_batch_size})")
   if key == "gradient_accumulation_steps":
-    kept = [o for o in cfg.optimizations.split(",")
-            if o and o != "none" and not o.startswith("grad_accum")]
+    # fsdp leaves the gradient sum to the compiler and grad_accum writes it itself: the plan
+    # refuses the two together, so accumulating drops fsdp (the dry run then says if it fits).
+    kept = [o for o in cfg.optimizations.split(",") if o and o != "none"
+            and not o.startswith("grad_accum") and not (want > 1 and o == "fsdp")]
     return "--optimizations=" + ",".join(kept + ([f"grad_accum:{int(want)}"] if want > 1 else [])
                                          or ["none"])
   return f"{key} {rcps.value_text(want)}"
