@@ -194,6 +194,15 @@ def dry_run_lines(run: Run, task: Task, replicas: int, platform: str, steps_per_
   return lines, block
 
 
+def write_dry_run(path: str, run: Run, task: Task, replicas: int, platform: str,
+                  steps_per_epoch: int, compile_s: float = 0.0) -> Block:
+  """`dry_run_lines` written to `path`; returns the first block."""
+  lines, block = dry_run_lines(run, task, replicas, platform, steps_per_epoch, compile_s)
+  with open(path, "w", encoding="utf-8") as f:
+    f.write("\n".join(lines) + "\n")
+  return block
+
+
 def _shifted(lines: list[str], key: str, ms: float) -> list[str]:
   """The log's lines with every event from the first `key` on moved `ms` later."""
   out, moving = [], False

@@ -260,16 +260,14 @@ def _build(run: Run, seq: Sequence, say) -> Built:
 
 def check_closed(run: Run, planned, platform: str) -> None:
   """A closed-division run whose flags break the closed rules is refused before anything is
-  compiled or logged: the log it would write (`events.dry_run_lines`, its evaluation at the
+  compiled or logged: the log it would write (`events.write_dry_run`, its evaluation at the
   target) is checked by mlperf-logging's compliance checker under the newest ruleset the
   benchmark declares, and any rule it fails is one UserError line."""
   ruleset = run.spec.rulesets[-1]
-  lines, _ = events.dry_run_lines(run, planned.task, planned.replicas, platform,
-                                  planned.task.data.steps_per_epoch)
   with tempfile.TemporaryDirectory() as tmp:
     path = os.path.join(tmp, "result_0.txt")
-    with open(path, "w", encoding="utf-8") as f:
-      f.write("\n".join(lines) + "\n")
+    events.write_dry_run(path, run, planned.task, planned.replicas, platform,
+                         planned.task.data.steps_per_epoch)
     checked = compliance.check_file(path, ruleset)
   if not checked.ok:
     broken = "; ".join(compliance.said(m) for m in checked.messages)

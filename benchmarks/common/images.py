@@ -20,6 +20,7 @@ examples and batches themselves; a second pool per resize only costs CPU on smal
 from __future__ import annotations
 
 import io
+import os
 
 import cv2
 import numpy as np
@@ -29,6 +30,12 @@ from PIL import Image
 cv2.setNumThreads(1)
 
 _LIBJPEG_COLOURS = ("YCbCr", "Gray")      # what libjpeg-turbo converts to RGB itself
+
+
+def threads() -> int:
+  """Threads an image pipeline runs in one process: one a core, up to 8 (decoding and resizing
+  release the GIL; more only queue behind it)."""
+  return max(1, min(8, os.cpu_count() or 1))
 
 
 def open_image(image: np.ndarray | bytes) -> tuple[int, int, object]:
@@ -109,11 +116,17 @@ def crop_resize(pixels: np.ndarray, box: tuple[float, float, float, float], full
   return out
 
 
+def decode_into(handle, h: int, w: int, box: tuple[float, float, float, float],
+                out: np.ndarray, flip: bool = False) -> np.ndarray:
+  """An `open_image` handle of an h x w image decoded at the scale `box` needs (`scale_for`) and
+  the box written at `out`'s size into `out` (`crop_resize`). Returns out."""
+  pixels = decode(handle, h, w, scale_for(h, w, box, out.shape[:2]))
+  return crop_resize(pixels, box, (h, w), out, flip)
+
+
 def decode_crop_resize(image: np.ndarray | bytes, box_of, out: np.ndarray,
                        flip: bool = False) -> np.ndarray:
   """Opens `image`, asks `box_of(height, width)` for the crop (left, top, right, bottom in its
   pixels), decodes at the scale the crop needs and writes the crop at `out`'s size into `out`."""
   h, w, handle = open_image(image)
-  box = box_of(h, w)
-  pixels = decode(handle, h, w, scale_for(h, w, box, out.shape[:2]))
-  return crop_resize(pixels, box, (h, w), out, flip)
+  return decode_into(handle, h, w, box_of(h, w), out, flip)

@@ -20,11 +20,11 @@ implementations/mxnet/dali.py.
 
 from __future__ import annotations
 
-import os
 from typing import Callable, Iterator
 
 import numpy as np
 
+from benchmarks.common import images
 from runtime.errors import UserError
 
 
@@ -36,10 +36,6 @@ def check_installed() -> None:
                     f"it with `./run.sh install dali`, or use --data_loader=grain") from None
 
 
-def threads() -> int:
-  return max(1, min(8, os.cpu_count() or 1))
-
-
 def train_pipeline(read: Callable, batch: int, size: int, seed: int, device_id: int | None):
   """The training pipeline over `read(i) -> (JPEG bytes, label)` for sample i = iteration *
   batch + index in the batch, built. `device_id` None: CPU only; else the GPU that decodes."""
@@ -49,7 +45,7 @@ def train_pipeline(read: Callable, batch: int, size: int, seed: int, device_id: 
     jpeg, label = read(info.iteration * batch + info.idx_in_batch)
     return np.frombuffer(jpeg, np.uint8), np.array(label, np.int32)
 
-  @pipeline_def(batch_size=batch, num_threads=threads(), device_id=device_id, seed=seed)
+  @pipeline_def(batch_size=batch, num_threads=images.threads(), device_id=device_id, seed=seed)
   def pipe():
     jpegs, labels = fn.external_source(source=sample, batch=False, num_outputs=2,
                                        dtype=[types.UINT8, types.INT32])

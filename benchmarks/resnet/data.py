@@ -10,7 +10,6 @@ are float32, normalized already.
 from __future__ import annotations
 
 import io
-import os
 
 import jax
 import numpy as np
@@ -205,9 +204,7 @@ def inception_crop(image: np.ndarray | bytes, size: int, rng: np.random.Generato
   `image`: decoded pixels or a JPEG's bytes (then decoded at the scale the crop needs)."""
   h, w, handle = images.open_image(image)
   boxes, flips = inception_boxes(np.array([[h, w]]), rng)
-  box = tuple(boxes[0])
-  pixels = images.decode(handle, h, w, images.scale_for(h, w, box, (size, size)))
-  return images.crop_resize(pixels, box, (h, w), np.empty((size, size, 3), np.uint8),
+  return images.decode_into(handle, h, w, tuple(boxes[0]), np.empty((size, size, 3), np.uint8),
                             bool(flips[0]))
 
 
@@ -226,9 +223,7 @@ def train_batch(records: list[dict], size: int, rng: np.random.Generator) -> dic
   boxes, flips = inception_boxes(np.array([(h, w) for h, w, _ in opened]).reshape(-1, 2), rng)
   out = np.empty((len(records), size, size, 3), np.uint8)
   for k, (h, w, handle) in enumerate(opened):
-    box = tuple(boxes[k])
-    pixels = images.decode(handle, h, w, images.scale_for(h, w, box, (size, size)))
-    images.crop_resize(pixels, box, (h, w), out[k], bool(flips[k]))
+    images.decode_into(handle, h, w, tuple(boxes[k]), out[k], bool(flips[k]))
   return {"image": out, "label": np.array([r["label"] for r in records], np.int32)}
 
 
@@ -259,7 +254,7 @@ def read_options():
   """grain's threads for whole batches: one a core up to 8 (a batch decodes in libjpeg-turbo
   and OpenCV, which release the GIL), as many batches prefetched (each thread's next)."""
   import grain
-  threads = max(1, min(8, os.cpu_count() or 1))
+  threads = images.threads()
   return grain.ReadOptions(num_threads=threads, prefetch_buffer_size=threads)
 
 

@@ -239,7 +239,7 @@ class Pipeline:
           processes, mp_context=multiprocessing.get_context("spawn"),
           initializer=_start_worker, initargs=own)
     else:
-      self.pool = concurrent.futures.ThreadPoolExecutor(workers or min(8, os.cpu_count() or 1))
+      self.pool = concurrent.futures.ThreadPoolExecutor(workers or images.threads())
 
   def work(self, method: str, *args):
     """(function, args) that runs `self.<method>(*args)` on this pipeline's pool."""

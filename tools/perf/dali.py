@@ -25,6 +25,7 @@ import os
 import time
 from typing import Any
 
+from benchmarks.common import images
 from benchmarks.resnet import dali as resnet_dali
 
 
@@ -56,7 +57,7 @@ def ssd_pipeline(root: str, batch: int, size: int, anchors_ltrb, seed: int = 0):
   encoding against `anchors_ltrb` (A, 4) normalized; built, ready to `run()`."""
   from nvidia.dali import fn, pipeline_def, types
 
-  @pipeline_def(batch_size=batch, num_threads=resnet_dali.threads(), device_id=None, seed=seed)
+  @pipeline_def(batch_size=batch, num_threads=images.threads(), device_id=None, seed=seed)
   def pipe():
     jpegs, boxes, labels = fn.readers.coco(
         file_root=os.path.join(root, "train2017"),
@@ -95,4 +96,4 @@ def time_dali(pipe, batches: int, cpu_now) -> dict[str, Any]:
           "batches": batches, "wall_s": wall, "cpu_s": cpu,
           "examples_per_s": n / wall, "cpu_s_per_example": cpu / n,
           "examples_per_core_s": n / cpu if cpu > 0 else None, "cores_busy": cpu / wall,
-          "threads": resnet_dali.threads()}
+          "threads": images.threads()}

@@ -329,7 +329,7 @@ def _sized(name: str, label: str, cfg, data_dir: str, s: Settings, say) -> dict[
     out["eval"] = time_pipeline(lambda: _make(name, cfg), s.warmup, s.batches, "eval")
     say(f"    {label}, evaluation: {_num(out['eval']['examples_per_core_s'])} examples/s per "
         f"core")
-  why = None if s.dali else "not asked (--nodali)"
+  why = None if s.dali else "not asked (--no-dali)"
   why = why or dali.available()
   if why:
     out["dali_skipped"] = why

@@ -49,7 +49,6 @@ from harness import build, cli, compile_only, events
 from harness import flags as flags_lib
 from harness.options import flag
 from harness.run import Run
-from harness.timeline import Block
 from logs import compliance
 from runtime import errors
 from runtime.errors import UserError
@@ -93,17 +92,6 @@ def init_budget_minutes(ruleset: str, division: str) -> int | None:
   if not m:
     return None
   return int(m.group(1) if division == "open" else m.group(2))
-
-
-def write_log(path: str, run: Run, planned: build.Planned, platform: str,
-              compile_s: float) -> Block:
-  """The log a run of `run` would write (`harness.events.dry_run_lines`) into `path`; returns
-  its first block."""
-  lines, block = events.dry_run_lines(run, planned.task, planned.replicas, platform,
-                                      planned.task.data.steps_per_epoch, compile_s)
-  with open(path, "w", encoding="utf-8") as f:
-    f.write("\n".join(lines) + "\n")
-  return block
 
 
 def _rcp_notes(lookup, cfg, records: dict) -> tuple[list[str], list[str]]:
@@ -194,7 +182,8 @@ def run(run: Run, say=print) -> dict[str, Any]:
   log_path = os.path.join(out, "result_0.txt")
   compile_s = summary["compile_s"]
   platform = o.submission_platform or f"{len(devs)}x{devs[0].device_kind}"
-  block = write_log(log_path, run, planned, platform, compile_s)
+  block = events.write_dry_run(log_path, run, planned.task, planned.replicas, platform,
+                              planned.task.data.steps_per_epoch, compile_s)
   checked = compliance.check_file(log_path, ruleset)
   records = {r["key"]: r["value"] for r in compliance.read_log(log_path)}
   budget = init_budget_minutes(ruleset, division)
