@@ -291,6 +291,7 @@ CASES = [
     ("main", ["resnet", "--mesh=data:-1,model:-1"], "more than once"),
     ("main", ["resnet", "--layout=batch:model"], "names mesh axis 'model'"),
     ("main", ["resnet", "--layout=batch:data;;"], "empty entry"),
+    ("main", ["resnet", "--kernel_layout=OIHW"], "--kernel_layout=OIHW: choose one of HWIO, OHWI"),
     ("main", ["resnet", "--mesh=data:4,model:2",
               "--layout=batch:data;in_channels:model;channels:model"],
      "both split over mesh axis 'model'"),

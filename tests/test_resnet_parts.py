@@ -10,10 +10,17 @@ import optax
 import pytest
 from flax import linen as nn
 
-from benchmarks.common.convnet import BatchNorm, max_pool_3x3, relu_by_output
+from benchmarks.common.convnet import (
+  BatchNorm,
+  conv_layer,
+  max_pool_3x3,
+  relu_by_output,
+  to_hwio,
+)
 from benchmarks.data import array_batches, num_steps, padded
 from benchmarks.resnet import data as data_lib
 from benchmarks.resnet.config import PRESETS
+from benchmarks.resnet.model import ResNet
 from benchmarks.resnet.suite import lars, schedule
 
 
@@ -31,6 +38,49 @@ def test_batch_norm_groups_of_span_examples(span):
   np.testing.assert_allclose(np.asarray(y), ref, rtol=1e-4, atol=1e-5)
   np.testing.assert_allclose(updated["batch_stats"]["mean"],
                              0.1 * mean.reshape(-1, 5).mean(0), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("kernel,strides,padding,bias", [(3, 2, None, False), (1, 1, None, False),
+                                                         (3, 1, "VALID", True), (7, 2, None, False)])
+def test_ohwi_convolution_is_flax_conv(kernel, strides, padding, bias):
+  """`ConvOHWI` against flax's nn.Conv (HWIO): the same key draws the same kernel, transposed;
+  the same outputs and gradients."""
+  x = jnp.asarray(np.random.default_rng(0).standard_normal((2, 9, 9, 5)), jnp.float32)
+  make = lambda layout: conv_layer(6, kernel, strides, padding=padding, layout=layout,
+                                   use_bias=bias, bias_init=nn.initializers.normal(1.0))
+  hwio, ohwi = make("HWIO"), make("OHWI")
+  key = jax.random.PRNGKey(3)
+  ph = nn.meta.unbox(hwio.init(key, x))["params"]
+  po = nn.meta.unbox(ohwi.init(key, x))["params"]
+  assert po["kernel"].shape == (6, kernel, kernel, 5)
+  np.testing.assert_array_equal(to_hwio(po, "OHWI")["kernel"], ph["kernel"])
+  loss = lambda m: lambda p, x: jnp.sum(jnp.sin(m.apply({"params": p}, x)))
+  (lh, gh), (lo, go) = (jax.value_and_grad(loss(m), (0, 1))(p, x)
+                        for m, p in ((hwio, ph), (ohwi, po)))
+  np.testing.assert_allclose(lo, lh, rtol=1e-5)
+  np.testing.assert_allclose(go[1], gh[1], rtol=1e-5, atol=1e-5)
+  for k in gh[0]:
+    np.testing.assert_allclose(to_hwio(go[0], "OHWI")[k], gh[0][k], rtol=1e-5, atol=1e-5)
+
+
+def test_resnet_with_ohwi_kernels_is_the_hwio_resnet():
+  """The whole model (stem, bottleneck blocks, projections) with --kernel_layout=OHWI: the same
+  parameters, transposed, the same loss and gradients in float32."""
+  x = jnp.asarray(np.random.default_rng(1).standard_normal((4, 32, 32, 3)), jnp.float32)
+  models = [ResNet(14, 4, 10, 2, jnp.float32, layout) for layout in ("HWIO", "OHWI")]
+  init = [nn.meta.unbox(m.init(jax.random.PRNGKey(0), x, train=False)) for m in models]
+  np.testing.assert_equal(jax.tree.map(np.asarray, to_hwio(init[1]["params"], "OHWI")),
+                          jax.tree.map(np.asarray, init[0]["params"]))
+
+  def loss(m, v):
+    def f(p):
+      y, _ = m.apply({**v, "params": p}, x, train=True, mutable=["batch_stats"])
+      return jnp.sum(jnp.square(y))
+    return jax.value_and_grad(f)(v["params"])
+  (lh, gh), (lo, go) = (loss(m, v) for m, v in zip(models, init))
+  np.testing.assert_allclose(lo, lh, rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+               to_hwio(go, "OHWI"), gh)
 
 
 @pytest.mark.parametrize("shape,dtype", [((2, 8, 8, 3), jnp.float32), ((2, 7, 9, 4), jnp.float32),

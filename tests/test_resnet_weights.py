@@ -18,6 +18,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from numpy.lib.stride_tricks import sliding_window_view
 
 from benchmarks.common import weights
+from benchmarks.common.convnet import from_hwio
 from benchmarks.resnet import convert_torch
 from benchmarks.resnet.convert_torch import convert
 from benchmarks.resnet.model import ResNet
@@ -260,6 +261,19 @@ def test_npz_round_trip(tmp_path):
   assert got.keys() == want.keys()
   for k, a in want.items():
     assert got[k].dtype == a.dtype and isinstance(got[k], np.ndarray), k
+    np.testing.assert_array_equal(got[k], a, err_msg=k)
+
+
+def test_kernels_stored_ohwi_load_as_hwio(tmp_path):
+  """A run of --kernel_layout=OHWI stores its kernels (out, h, w, in); weight files are read
+  back HWIO, as torchvision's conversion writes them."""
+  variables = convert(torchvision_state_dict(18, classes=10), 18)
+  ohwi = {**variables, "params": from_hwio(variables["params"], "OHWI")}
+  assert ohwi["params"]["stem"]["kernel"].shape == (64, 7, 7, 3)
+  weights.save_npz(ohwi, str(tmp_path / "ohwi.npz"))
+  want, got = _flat(variables), _flat(weights.load(str(tmp_path / "ohwi.npz")))
+  assert got.keys() == want.keys()
+  for k, a in want.items():
     np.testing.assert_array_equal(got[k], a, err_msg=k)
 
 

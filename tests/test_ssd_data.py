@@ -10,6 +10,7 @@ import pytest
 from flax import linen as nn
 
 from benchmarks.common import weights
+from benchmarks.common.convnet import from_hwio
 from benchmarks.resnet.model import ResNet
 from benchmarks.ssd import data as data_lib
 from benchmarks.ssd import suite
@@ -170,18 +171,21 @@ def _resnet(width):
   return lambda r: ResNet(10, width, 10).init(r, np.zeros((1, 32, 32, 3)), train=False)
 
 
-def test_backbone_warm_start(coco, tmp_path):
+@pytest.mark.parametrize("layout", ["HWIO", "OHWI"])
+def test_backbone_warm_start(coco, tmp_path, layout):
+  """An HWIO weight file fills the backbone, its kernels stored as --kernel_layout says."""
   root, _, _ = coco
   variables = _random_variables(_resnet(4), 1)
   weights.save_npz(variables, str(tmp_path / "r10.npz"))
-  cfg = cfg_for(root, backbone_checkpoint=str(tmp_path / "r10.npz"))
+  cfg = cfg_for(root, backbone_checkpoint=str(tmp_path / "r10.npz"), kernel_layout=layout)
   task = suite.build(cfg, replicas=8)
   init = jax.tree.map(jax.numpy.asarray, _random_variables(task.init, 2))
   state = {"params": init["params"], "model_state": {"batch_stats": init["batch_stats"]}}
   warm = place_warm_start(state, task.warm_start())
   got = warm["params"]["Backbone"]
+  want = from_hwio(variables["params"], layout)
   for name in ("stem", "BatchNorm_0", "Block_0", "Block_2"):
-    for a, b in zip(jax.tree.leaves(got[name]), jax.tree.leaves(variables["params"][name])):
+    for a, b in zip(jax.tree.leaves(got[name]), jax.tree.leaves(want[name])):
       np.testing.assert_array_equal(a, b)
   assert "Block_3" not in got                          # conv5_x is not part of the backbone
   np.testing.assert_array_equal(warm["model_state"]["batch_stats"]["Backbone"]["BatchNorm_0"]

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from benchmarks.common.layers import layer_output, named_init, param_dtype
+from benchmarks.common.weights import check_kernel_layout
 from mesh import constrain
 from mesh.sharding import SPATIAL_DIMS, manual_axes, splits
 from runtime.errors import UserError
@@ -208,19 +209,102 @@ def _max_pool_3x3_bwd(res, g):
 max_pool_3x3.defvjp(_max_pool_3x3_fwd, _max_pool_3x3_bwd)
 
 
-def conv(x, features: int, kernel: int, strides: int = 1, name: str | None = None, dtype=None):
+# How a convolution's kernel is stored (`kernel_layout`): HWIO, flax's (and the TPU compiler's
+# choice), or OHWI, cuDNN's for NHWC activations: XLA's GPU compiler otherwise transposes every
+# kernel into OHWI before its convolutions and copies each updated weight and momentum back into
+# HWIO after the optimizer (cuDNN developer guide, "Tensor Layouts": NHWC convolutions take
+# filters in KRSC, i.e. OHWI). Checkpoints and weight files are HWIO whatever the model stores
+# (`to_hwio`, `from_hwio`; the names are `weights.KERNEL_LAYOUTS`).
+_HWIO_TO_OHWI = (3, 0, 1, 2)
+_OHWI_TO_HWIO = (1, 2, 3, 0)
+
+
+class Conv(nn.Module):
+  """flax's `nn.Conv` (NHWC, no dilation, one group) with its kernel stored (features, height,
+  width, in_features): drawn by `kernel_init` in HWIO, as nn.Conv draws it, then transposed, so
+  the same key gives the same weights in either layout. Called Conv so that flax names its
+  instances "Conv_<k>" as it names nn.Conv's: the parameter paths are the same in both layouts."""
+  features: int
+  kernel_size: int
+  strides: int = 1
+  padding: Any = "SAME"
+  use_bias: bool = False
+  dtype: Any = None
+  param_dtype: Any = jnp.float32
+  kernel_init: Any = nn.initializers.lecun_normal()     # draws the HWIO kernel
+  kernel_names: tuple = (None, None, None, None)        # the OHWI kernel's dimension names
+  bias_init: Any = nn.initializers.zeros
+
+  @nn.compact
+  def __call__(self, x):
+    k, cin = self.kernel_size, x.shape[-1]
+    init = self.kernel_init
+
+    def ohwi_init(key, shape, dtype):
+      return jnp.transpose(init(key, (k, k, cin, self.features), dtype), _HWIO_TO_OHWI)
+
+    kernel = self.param("kernel", named_init(ohwi_init, self.kernel_names),
+                        (self.features, k, k, cin), self.param_dtype)
+    bias = (self.param("bias", self.bias_init, (self.features,), self.param_dtype)
+            if self.use_bias else None)
+    x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=self.dtype)
+    y = jax.lax.conv_general_dilated(x, kernel, (self.strides, self.strides), self.padding,
+                                     dimension_numbers=("NHWC", "OHWI", "NHWC"))
+    return y if bias is None else y + bias
+
+
+def _ohwi_names(names):
+  """A kernel initializer's dimension names, HWIO -> OHWI (`named_init`'s metadata)."""
+  return (names[3], names[0], names[1], names[2])
+
+
+def conv_layer(features: int, kernel: int, strides: int = 1, *, padding: Any = None,
+               layout: str = "HWIO", dtype=None, use_bias: bool = False, init=None,
+               names=(None, None, "in_channels", "channels"), bias_init=None,
+               name: str | None = None) -> nn.Module:
+  """A convolution module: flax's nn.Conv for HWIO kernels, this module's `Conv` for OHWI. `padding`
+  None pads kernel // 2 each side; `init` draws the HWIO kernel (He et al.'s fan-out normal by
+  default); `names` are its HWIO dimension names."""
+  check_kernel_layout(layout)
   pad = kernel // 2
-  y = nn.Conv(features, (kernel, kernel), (strides, strides), padding=[(pad, pad), (pad, pad)],
-              use_bias=False, dtype=dtype, param_dtype=param_dtype(dtype), name=name,
-              kernel_init=named_init(nn.initializers.variance_scaling(2.0, "fan_out", "normal"),
-                                 (None, None, "in_channels", "channels")))(x)
-  return constrain(y, ACT)
+  padding = [(pad, pad), (pad, pad)] if padding is None else padding
+  init = init or nn.initializers.variance_scaling(2.0, "fan_out", "normal")
+  extra = {} if bias_init is None else {"bias_init": bias_init}
+  if layout == "HWIO":
+    return nn.Conv(features, (kernel, kernel), (strides, strides), padding=padding,
+                   use_bias=use_bias, dtype=dtype, param_dtype=param_dtype(dtype), name=name,
+                   kernel_init=named_init(init, names), **extra)
+  return Conv(features, kernel, strides, padding, use_bias, dtype, param_dtype(dtype),
+                  init, _ohwi_names(names), name=name, **extra)
 
 
-def stem(x, width: int, bn_span, dtype, train: bool):
+def conv(x, features: int, kernel: int, strides: int = 1, name: str | None = None, dtype=None,
+         layout: str = "HWIO"):
+  return constrain(conv_layer(features, kernel, strides, layout=layout, dtype=dtype,
+                              name=name)(x), ACT)
+
+
+def _each_kernel(tree, perm):
+  """`tree` with every 4-D "kernel" leaf transposed by `perm`."""
+  return jax.tree_util.tree_map_with_path(
+      lambda path, v: (v.transpose(perm) if getattr(path[-1], "key", None) == "kernel"
+                       and getattr(v, "ndim", 0) == 4 else v), tree)
+
+
+def to_hwio(params, layout: str):
+  """Parameters stored in `layout` (KERNEL_LAYOUTS) with their convolution kernels in HWIO."""
+  return params if layout == "HWIO" else _each_kernel(params, _OHWI_TO_HWIO)
+
+
+def from_hwio(params, layout: str):
+  """HWIO parameters (a weight file's, a checkpoint's) with their kernels stored in `layout`."""
+  return params if layout == "HWIO" else _each_kernel(params, _HWIO_TO_OHWI)
+
+
+def stem(x, width: int, bn_span, dtype, train: bool, layout: str = "HWIO"):
   """conv1 (7x7, stride 2) "stem", batch norm, ReLU, 3x3 stride-2 max pool; called inside a
   compact module, whose parameters it names ("stem", "BatchNorm_0")."""
-  x = conv(x, width, 7, 2, name="stem", dtype=dtype)
+  x = conv(x, width, 7, 2, name="stem", dtype=dtype, layout=layout)
   x = nn.relu(BatchNorm(bn_span, dtype=dtype)(x, train))
   if splits(x, ACT, SPATIAL_DIMS):
     # Split over height or width (spatial partitioning): XLA's SPMD partitioner exchanges the
@@ -237,22 +321,24 @@ class Block(nn.Module):
   bottleneck: bool
   bn_span: int | None
   dtype: Any
+  kernel_layout: str = "HWIO"
 
   @nn.compact
   def __call__(self, x, train: bool):
     bn = lambda zero=False: BatchNorm(self.bn_span, zero_scale=zero, dtype=self.dtype)
+    cv = functools.partial(conv, dtype=self.dtype, layout=self.kernel_layout)
     out_features = self.features * (4 if self.bottleneck else 1)
     residual = x
     if self.bottleneck:
-      y = nn.relu(bn()(conv(x, self.features, 1, dtype=self.dtype), train))
+      y = nn.relu(bn()(cv(x, self.features, 1), train))
       # v1.5: the stride is on the 3x3 convolution.
-      y = nn.relu(bn()(conv(y, self.features, 3, self.strides, dtype=self.dtype), train))
-      y = bn(True)(conv(y, out_features, 1, dtype=self.dtype), train)
+      y = nn.relu(bn()(cv(y, self.features, 3, self.strides), train))
+      y = bn(True)(cv(y, out_features, 1), train)
     else:
-      y = nn.relu(bn()(conv(x, self.features, 3, self.strides, dtype=self.dtype), train))
-      y = bn(True)(conv(y, out_features, 3, dtype=self.dtype), train)
+      y = nn.relu(bn()(cv(x, self.features, 3, self.strides), train))
+      y = bn(True)(cv(y, out_features, 3), train)
     if residual.shape != y.shape:
-      residual = bn()(conv(x, out_features, 1, self.strides, dtype=self.dtype), train)
+      residual = bn()(cv(x, out_features, 1, self.strides), train)
     return layer_output(constrain(relu_by_output(y + residual), ACT))
 
 

@@ -8,7 +8,7 @@ The variables are the Flax ones of `benchmarks.resnet.model.ResNet`:
   e.g. "params/Block_0/Conv_0/kernel" (what `convert_torch` writes from torchvision weights).
 - `load(path)` reads such an .npz, or a training run's orbax checkpoint (the run's output_dir,
   its checkpoints/ folder or one step folder; the latest step is taken), as numpy arrays on the
-  host. SSD's backbone loads ImageNet-pretrained ResNet-34 weights through it.
+  host, convolution kernels HWIO (a run of `--kernel_layout=OHWI` stored them OHWI). SSD's backbone loads ImageNet-pretrained ResNet-34 weights through it.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ import numpy as np
 from runtime.errors import UserError
 
 COLLECTIONS = ("params", "batch_stats")
+# How a model stores its convolution kernels (`benchmarks.common.convnet`); files are HWIO.
+KERNEL_LAYOUTS = ("HWIO", "OHWI")
 _SOURCES = ("pass an .npz from `python -m benchmarks.resnet.convert_torch` or `save_npz`, or a "
             "training run's output_dir, its checkpoints/ folder or one step folder")
 
@@ -56,6 +58,23 @@ def _unflatten(flat: Mapping[str, np.ndarray], where: str) -> dict[str, Any]:
   return tree
 
 
+def check_kernel_layout(layout: str) -> None:
+  if layout not in KERNEL_LAYOUTS:
+    raise UserError(f"--kernel_layout={layout}: choose one of {', '.join(KERNEL_LAYOUTS)} "
+                    "(OHWI for NVIDIA GPUs, HWIO elsewhere)")
+
+
+def stem_layout(shape) -> str | None:
+  """How a stem kernel of `shape` is stored: "HWIO" (7, 7, 3, width), "OHWI" (width, 7, 7, 3),
+  None if neither."""
+  shape = tuple(shape)
+  if len(shape) == 4 and shape[2] == 3:
+    return "HWIO"
+  if len(shape) == 4 and shape[1:] == (7, 7, 3):
+    return "OHWI"
+  return None
+
+
 def _check_resnet(variables: Mapping, where: str, hint: str = "") -> None:
   """Raises UserError unless `variables` look like this harness's ResNet variables."""
   hint = f" ({hint})" if hint else ""
@@ -65,7 +84,7 @@ def _check_resnet(variables: Mapping, where: str, hint: str = "") -> None:
   params, stats = variables["params"], variables["batch_stats"]
   stem = params.get("stem")
   shape = getattr(stem.get("kernel"), "shape", None) if isinstance(stem, Mapping) else None
-  if shape is None or len(shape) != 4 or shape[2] != 3:
+  if shape is None or stem_layout(shape) is None:
     raise UserError(f"{where}: no params/stem/kernel of shape (7, 7, 3, width); not weights of "
                     f"this harness's ResNet{hint}")
   if not isinstance(stats.get("BatchNorm_0"), Mapping) or "Block_0" not in params:
@@ -202,7 +221,7 @@ def _check_npz(path: str, where: str) -> set[str]:
   if bad:
     raise UserError(f"{where}: key '{bad[0]}' is not params/... or batch_stats/...; not ResNet "
                     f"weights{hint}")
-  if len(shape) != 4 or shape[2] != 3:
+  if stem_layout(shape) is None:
     raise UserError(f"{where}: params/stem/kernel has shape {shape}, not (7, 7, 3, width); not "
                     f"weights of this harness's ResNet{hint}")
   return {k.split("/")[1] for k in names if k.startswith("params/")}
@@ -248,4 +267,8 @@ def load(path: str) -> dict[str, Any]:
     raise UserError(f"{path} does not exist; {_SOURCES}")
   variables = _load_orbax(path) if os.path.isdir(path) else _load_npz(path)
   _check_resnet(variables, path, _SOURCES)
+  if stem_layout(variables["params"]["stem"]["kernel"].shape) == "OHWI":
+    # A run that stored its kernels OHWI (--kernel_layout=OHWI): HWIO, as every file here is.
+    from benchmarks.common.convnet import to_hwio
+    variables = {**variables, "params": to_hwio(variables["params"], "OHWI")}
   return variables

@@ -154,7 +154,8 @@ def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int
   data = ((shapes_only and data_lib.describe(cfg, process_count))
           or data_lib.make(cfg, process_index, process_count))
   bn_span = cfg.bn_span or max(1, cfg.global_batch_size // replicas)
-  model = ResNet(cfg.model_depth, cfg.model_width, cfg.num_classes, bn_span, dtype)
+  model = ResNet(cfg.model_depth, cfg.model_width, cfg.num_classes, bn_span, dtype,
+                 cfg.kernel_layout)
   eval_model = model.clone(bn_span=None)
   lr, _, decay = schedule(cfg, data.steps_per_epoch)
 

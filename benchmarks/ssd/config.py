@@ -36,6 +36,7 @@ class Config(Common):
   anchor_scales: tuple[int, ...] = (21, 45, 99, 153, 207, 261, 315)  # pixels; maps + 1
   aspect_ratios: tuple[tuple[int, ...], ...] = ((2,), (2, 3), (2, 3), (2, 3), (2,), (2,))  # per map
   bn_span: int = 0                  # examples per batch-norm group; 0: the per-replica batch
+  kernel_layout: str = "HWIO"       # convolution kernels stored HWIO, or OHWI (cuDNN's: GPUs)
   # Loss and detection.
   match_iou: float = 0.5
   negative_ratio: int = 3
@@ -98,7 +99,7 @@ PRESETS = {
         global_batch_size=912, eval_batch_size=912, max_epochs=80,
         eval_epochs=(40, 50, 55, 60, 65, 70, 75, 80), base_learning_rate=0.003157,
         warmup_steps=642, warmup_factor=0.0, decay_epochs=(44, 55), weight_decay=1.3e-4,
-        bn_span=114, target_map=0.23),
+        bn_span=114, target_map=0.23, kernel_layout="OHWI"),
     # A 64-chip TPU v4 slice (v4:4x4x4), with Google's MLPerf Training v1.0 SSD on the same 64
     # chips (mlcommons/training_results_v1.0, Google/results/tpu-v4-128-TF/ssd/result_0.txt;
     # Google/benchmarks/ssd/implementations/tpu-v4-128-TF/run_and_time.sh): batch 1024, 0.0031
@@ -173,6 +174,7 @@ def validate(c: Config) -> None:
           lambda v: v >= 1, "must be at least 1")
   require(c, ("num_classes",), lambda v: v >= 2, "at least 2 (background and one category)")
   require(c, ("bn_span",), lambda v: v >= 0, "must be >= 0 (0: the per-replica batch)")
+  weights.check_kernel_layout(c.kernel_layout)
   _check_feature_maps(c)
   if c.backbone_checkpoint:
     _check_backbone_checkpoint(c)

@@ -13,6 +13,7 @@ The backbone's modules carry the names of `benchmarks.resnet.model.ResNet`'s ("s
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax.numpy as jnp
@@ -25,6 +26,7 @@ from benchmarks.common.convnet import (
   blocks_flops,
   conv,
   conv_flops,
+  conv_layer,
   stem,
   stem_flops,
 )
@@ -38,15 +40,17 @@ class Backbone(nn.Module):
   width: int = 64
   bn_span: int | None = None
   dtype: Any = jnp.float32
+  kernel_layout: str = "HWIO"
 
   @nn.compact
   def __call__(self, x, train: bool):
     stages, bottleneck = STAGES[self.depth]
-    x = stem(x, self.width, self.bn_span, self.dtype, train)
+    x = stem(x, self.width, self.bn_span, self.dtype, train, self.kernel_layout)
     for i, blocks in enumerate(stages[:3]):         # conv2_x .. conv4_x; conv5_x removed
       for j in range(blocks):
         stride = 2 if (i == 1 and j == 0) else 1    # conv4_1 keeps the resolution
-        x = Block(self.width * 2**i, stride, bottleneck, self.bn_span, self.dtype)(x, train)
+        x = Block(self.width * 2**i, stride, bottleneck, self.bn_span, self.dtype,
+                  self.kernel_layout)(x, train)
     return x
 
 
@@ -58,6 +62,7 @@ class SSD(nn.Module):
   width: int = 64
   bn_span: int | None = None
   dtype: Any = jnp.float32
+  kernel_layout: str = "HWIO"       # convolution kernels: HWIO or OHWI (convnet.KERNEL_LAYOUTS)
 
   @nn.compact
   def __call__(self, image, train: bool):
@@ -66,7 +71,9 @@ class SSD(nn.Module):
     f = param_dtype(self.dtype)
     x = normalize_imagenet(image, f)
     x = constrain(x.astype(self.dtype), ("batch", "height", "width", None))
-    x = Backbone(self.depth, self.width, self.bn_span, self.dtype, name="Backbone")(x, train)
+    x = Backbone(self.depth, self.width, self.bn_span, self.dtype, self.kernel_layout,
+                 name="Backbone")(x, train)
+    cv = functools.partial(conv, dtype=self.dtype, layout=self.kernel_layout)
     maps = [x]
     scale = self.width / 64
     outs = (512, 512, 256, 256, 256, 256)    # MLPerf channels at width 64, then repeated
@@ -74,25 +81,22 @@ class SSD(nn.Module):
     for i, stride in enumerate(self.extra_blocks):
       bn = lambda: BatchNorm(self.bn_span, dtype=self.dtype)
       k = min(i, len(outs) - 1)
-      y = nn.relu(bn()(conv(x, int(mids[k] * scale), 1, dtype=self.dtype), train))
+      y = nn.relu(bn()(cv(x, int(mids[k] * scale), 1), train))
       if stride:
-        y = conv(y, int(outs[k] * scale), 3, stride, dtype=self.dtype)
+        y = cv(y, int(outs[k] * scale), 3, stride)
       else:
-        y = constrain(nn.Conv(int(outs[k] * scale), (3, 3), padding="VALID", use_bias=False,
-                              dtype=self.dtype, param_dtype=f, kernel_init=named_init(
-                                  nn.initializers.variance_scaling(2.0, "fan_out", "normal"),
-                                  (None, None, "in_channels", "channels")))(y), ACT)
+        y = constrain(conv_layer(int(outs[k] * scale), 3, padding="VALID",
+                                 layout=self.kernel_layout, dtype=self.dtype)(y), ACT)
       x = layer_output(nn.relu(bn()(y, train)))
       maps.append(x)
     if len(maps) != len(self.boxes_per_cell):
       raise ValueError(f"{len(maps)} feature maps but {len(self.boxes_per_cell)} anchor groups")
     locs, confs = [], []
     for m, nd in zip(maps, self.boxes_per_cell):
-      kernel_init = named_init(nn.initializers.xavier_uniform(),
-                               (None, None, "in_channels", None))
-      head = lambda n: nn.Conv(n, (3, 3), padding=((1, 1), (1, 1)), dtype=self.dtype,
-                               param_dtype=f, kernel_init=kernel_init,
-                               bias_init=named_init(nn.initializers.zeros, (None,)))
+      head = lambda n: conv_layer(n, 3, layout=self.kernel_layout, dtype=self.dtype,
+                                  use_bias=True, init=nn.initializers.xavier_uniform(),
+                                  names=(None, None, "in_channels", None),
+                                  bias_init=named_init(nn.initializers.zeros, (None,)))
       b = m.shape[0]
       locs.append(head(nd * 4)(m).astype(f).reshape(b, -1, 4))
       confs.append(head(nd * self.num_classes)(m).astype(f).reshape(b, -1, self.num_classes))

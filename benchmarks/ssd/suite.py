@@ -8,6 +8,7 @@ import numpy as np
 import optax
 
 from benchmarks.common import weights
+from benchmarks.common.convnet import from_hwio
 from benchmarks.common.layers import compute_dtype
 from benchmarks.common.stages import STAGES
 from benchmarks.data import check_image_batches
@@ -40,7 +41,7 @@ def make_model(cfg: Config, bn_span: int | None) -> SSD:
   dtype = compute_dtype(cfg.dtype)
   return SSD(cfg.num_classes, box_lib.boxes_per_cell(cfg.aspect_ratios),
              cfg.extra_blocks, cfg.backbone_depth, cfg.backbone_width,
-             bn_span, dtype)
+             bn_span, dtype, cfg.kernel_layout)
 
 
 def schedule(cfg: Config, steps_per_epoch: int):
@@ -90,8 +91,8 @@ def to_coco(boxes, scores, classes, image_ids, sizes, category_ids) -> np.ndarra
 
 
 def backbone_weights(cfg: Config) -> dict:
-  """The backbone's part of a ResNet checkpoint (stem, conv2_x..conv4_x), placed where the SSD
-  keeps it: {"params": {"Backbone": ...}, "model_state": {"batch_stats": {"Backbone": ...}}}."""
+  """The backbone's part of a ResNet checkpoint (stem, conv2_x..conv4_x), its kernels in
+  `--kernel_layout`, placed where the SSD keeps it: {"params": {"Backbone": ...}, "model_state": {"batch_stats": {"Backbone": ...}}}."""
   w = weights.load(cfg.backbone_checkpoint)
   blocks = sum(STAGES[cfg.backbone_depth][0][:3])
   names = {"stem", "BatchNorm_0"} | {f"Block_{i}" for i in range(blocks)}
@@ -100,7 +101,7 @@ def backbone_weights(cfg: Config) -> dict:
   if missing:
     raise UserError(f"--backbone_checkpoint={cfg.backbone_checkpoint} lacks {sorted(missing)}: "
                     f"is it a ResNet-{cfg.backbone_depth}?")
-  return {"params": {"Backbone": part(w["params"])},
+  return {"params": {"Backbone": from_hwio(part(w["params"]), cfg.kernel_layout)},
           "model_state": {"batch_stats": {"Backbone": part(w["batch_stats"])}}}
 
 
