@@ -10,11 +10,13 @@ import optax
 import pytest
 from flax import linen as nn
 
+from benchmarks.common import weights
 from benchmarks.common.convnet import (
   BatchNorm,
   conv_layer,
   max_pool_3x3,
   relu_by_output,
+  stat_groups,
   to_hwio,
 )
 from benchmarks.data import array_batches, num_steps, padded
@@ -22,6 +24,7 @@ from benchmarks.resnet import data as data_lib
 from benchmarks.resnet.config import PRESETS
 from benchmarks.resnet.model import ResNet
 from benchmarks.resnet.suite import lars, schedule
+from runtime.errors import UserError
 
 
 @pytest.mark.parametrize("span", [None, 2, 4])
@@ -40,11 +43,11 @@ def test_batch_norm_groups_of_span_examples(span):
                              0.1 * mean.reshape(-1, 5).mean(0), rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("kernel,strides,padding,bias", [(3, 2, None, False), (1, 1, None, False),
-                                                         (3, 1, "VALID", True), (7, 2, None, False)])
+@pytest.mark.parametrize("kernel,strides,padding,bias", [
+    (3, 2, None, False), (1, 1, None, False), (3, 1, "VALID", True), (7, 2, None, False)])
 def test_ohwi_convolution_is_flax_conv(kernel, strides, padding, bias):
-  """`ConvOHWI` against flax's nn.Conv (HWIO): the same key draws the same kernel, transposed;
-  the same outputs and gradients."""
+  """`convnet.Conv` (OHWI) against flax's nn.Conv (HWIO): the same key draws the same kernel,
+  transposed; the same outputs and gradients."""
   x = jnp.asarray(np.random.default_rng(0).standard_normal((2, 9, 9, 5)), jnp.float32)
   make = lambda layout: conv_layer(6, kernel, strides, padding=padding, layout=layout,
                                    use_bias=bias, bias_init=nn.initializers.normal(1.0))
@@ -81,6 +84,49 @@ def test_resnet_with_ohwi_kernels_is_the_hwio_resnet():
   np.testing.assert_allclose(lo, lh, rtol=1e-5)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
                to_hwio(go, "OHWI"), gh)
+
+
+def test_batch_norm_group_statistics_average_to_the_shared_ones():
+  """stat_groups keeps each group's running statistics (numpy's per-group moments); evaluation
+  normalizes by their average, which is what the shared (c,) statistics hold."""
+  x = np.random.default_rng(2).standard_normal((8, 3, 3, 5)).astype(np.float32) * 3 + 1
+  shared, grouped = BatchNorm(span=2), BatchNorm(span=2, stat_groups=4)
+  key = jax.random.PRNGKey(0)
+  vs, vg = (nn.meta.unbox(m.init(key, x, train=False)) for m in (shared, grouped))
+  assert vg["batch_stats"]["mean"].shape == (4, 5)
+  for _ in range(2):
+    ys, us = shared.apply(vs, x, train=True, mutable=["batch_stats"])
+    yg, ug = grouped.apply(vg, x, train=True, mutable=["batch_stats"])
+    np.testing.assert_array_equal(yg, ys)
+    vs, vg = {**vs, **nn.meta.unbox(us)}, {**vg, **nn.meta.unbox(ug)}
+  g = x.reshape(4, 2, 3, 3, 5)
+  want = 0.19 * g.mean(axis=(1, 2, 3))                  # two updates of momentum 0.9 from 0
+  np.testing.assert_allclose(vg["batch_stats"]["mean"], want, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(vg["batch_stats"]["mean"].mean(0), vs["batch_stats"]["mean"],
+                             rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(grouped.apply(vg, x, train=False), shared.apply(vs, x, train=False),
+                             rtol=1e-5, atol=1e-5)
+  with pytest.raises(UserError, match="3 batch-norm groups, not the 4"):
+    grouped.apply(vg, x[:6], train=True, mutable=["batch_stats"])
+  with pytest.raises(UserError, match="does not divide the 4 examples of a replica"):
+    stat_groups(True, 32, 8, 8)
+  assert stat_groups(True, 3200, 400, 8) == 8 and stat_groups(False, 3200, 400, 8) == 0
+
+
+def test_gpu_presets_model_choices_train_on_cpu(tmp_path, monkeypatch):
+  """OHWI kernels and per-group statistics (the GPU preset's choices) through the whole loop on
+  8 CPU devices: training, evaluation, the checkpoint, and its weights read back HWIO."""
+  from harness import run as runs
+  from harness import train
+  monkeypatch.setenv("MESHPERF_CACHE", str(tmp_path / "cache"))
+  cfg = dataclasses.replace(PRESETS["tiny"], kernel_layout="OHWI", bn_group_stats=True,
+                            target_accuracy=1e-6)
+  summary = train.run(runs.local("resnet", cfg, output_dir=str(tmp_path / "run"), quiet=True,
+                                 checkpoint_every=1))
+  assert summary["steps"] > 0 and summary["final_quality"] is not None
+  w = weights.load(str(tmp_path / "run"))
+  assert w["params"]["stem"]["kernel"].shape == (7, 7, 3, cfg.model_width)
+  assert w["batch_stats"]["BatchNorm_0"]["mean"].shape == (cfg.model_width,)
 
 
 @pytest.mark.parametrize("shape,dtype", [((2, 8, 8, 3), jnp.float32), ((2, 7, 9, 4), jnp.float32),

@@ -39,6 +39,11 @@ class BatchNorm(nn.Module):
   epsilon: float = 1e-5
   zero_scale: bool = False
   dtype: Any = jnp.float32
+  # 0: one running mean and variance (c,), the groups' statistics averaged each step. G > 0:
+  # each of the forward pass's G groups keeps its own, (G, c) split like the batch, and
+  # evaluation averages them: the same average (the running statistics are linear in the batch
+  # statistics), without the cross-replica mean of every layer's statistics each step.
+  stat_groups: int = 0
 
   @nn.compact
   def __call__(self, x, train: bool):
@@ -46,11 +51,17 @@ class BatchNorm(nn.Module):
     scale = self.param("scale", named_init(nn.initializers.zeros if self.zero_scale
                                        else nn.initializers.ones, ("channels",)), (c,), f)
     bias = self.param("bias", named_init(nn.initializers.zeros, ("channels",)), (c,), f)
-    mean_v = self.variable("batch_stats", "mean", named_init(jnp.zeros, ("channels",)), (c,), f)
-    var_v = self.variable("batch_stats", "var", named_init(jnp.ones, ("channels",)), (c,), f)
+    groups = self.stat_groups
+    shape, names = ((groups, c), ("batch", "channels")) if groups else ((c,), ("channels",))
+    mean_v = self.variable("batch_stats", "mean", named_init(jnp.zeros, names), shape, f)
+    var_v = self.variable("batch_stats", "var", named_init(jnp.ones, names), shape, f)
     if train:
       b = x.shape[0]
       manual = manual_axes()
+      if manual and (self.span is None or self.span > b) and groups:
+        raise UserError(f"--bn_group_stats keeps each batch-norm group's statistics where its "
+                        f"replica is, but --bn_span={self.span} spans replicas of {b} examples: "
+                        f"drop --bn_group_stats or choose a span of at most {b}")
       if manual and (self.span is None or self.span > b):
         # Inside shard_map over the data-parallel axes with a span wider than this replica's
         # batch: statistics over a group of replicas (distributed batch norm).
@@ -84,11 +95,34 @@ class BatchNorm(nn.Module):
         # different tiles (`f32[256]{0:T(256)}`, `f32[1,256]{1,0:T(2,128)}`), so such a
         # reshape can be a kernel of its own.
         m = self.momentum
-        mean_v.value = m * mean_v.value + (1 - m) * _groups_mean(mean, c)
-        var_v.value = m * var_v.value + (1 - m) * _groups_mean(var, c)
+        if groups and mean.size != groups * c:
+          raise UserError(f"--bn_group_stats: this forward pass has {mean.size // c} batch-norm "
+                          f"groups, not the {groups} the model keeps statistics for (gradient "
+                          f"accumulation splits the batch): drop --bn_group_stats or grad_accum")
+        each = ((lambda t: t.reshape(groups, c)) if groups
+                else (lambda t: _groups_mean(t, c)))
+        mean_v.value = m * mean_v.value + (1 - m) * each(mean)
+        var_v.value = m * var_v.value + (1 - m) * each(var)
     else:
-      y = _normalize(x.astype(f), mean_v.value, var_v.value, scale, bias, self.epsilon)
+      mean, var = mean_v.value, var_v.value
+      if groups:
+        mean, var = jnp.mean(mean, 0), jnp.mean(var, 0)
+      y = _normalize(x.astype(f), mean, var, scale, bias, self.epsilon)
     return y.astype(self.dtype)
+
+
+def stat_groups(on: bool, global_batch: int, span: int, replicas: int) -> int:
+  """`BatchNorm.stat_groups` for `--bn_group_stats`: the forward pass's groups of `span`
+  examples (0 when off). Each group lies within one replica's share of the batch, or the
+  statistics of a group could not stay where it is computed."""
+  if not on:
+    return 0
+  per_replica = global_batch // replicas
+  if span > per_replica or per_replica % span:
+    raise UserError(f"--bn_group_stats keeps each batch-norm group's running statistics on "
+                    f"its replica, but --bn_span={span} does not divide the {per_replica} "
+                    f"examples of a replica: drop --bn_group_stats or choose a divisor")
+  return global_batch // span
 
 
 def _groups_mean(moment: jax.Array, c: int) -> jax.Array:
@@ -301,11 +335,12 @@ def from_hwio(params, layout: str):
   return params if layout == "HWIO" else _each_kernel(params, _HWIO_TO_OHWI)
 
 
-def stem(x, width: int, bn_span, dtype, train: bool, layout: str = "HWIO"):
+def stem(x, width: int, bn_span, dtype, train: bool, layout: str = "HWIO",
+         stat_groups: int = 0):
   """conv1 (7x7, stride 2) "stem", batch norm, ReLU, 3x3 stride-2 max pool; called inside a
   compact module, whose parameters it names ("stem", "BatchNorm_0")."""
   x = conv(x, width, 7, 2, name="stem", dtype=dtype, layout=layout)
-  x = nn.relu(BatchNorm(bn_span, dtype=dtype)(x, train))
+  x = nn.relu(BatchNorm(bn_span, dtype=dtype, stat_groups=stat_groups)(x, train))
   if splits(x, ACT, SPATIAL_DIMS):
     # Split over height or width (spatial partitioning): XLA's SPMD partitioner exchanges the
     # pooling window's halo for its own reduce-window, not for max_pool_3x3's strided views.
@@ -322,10 +357,12 @@ class Block(nn.Module):
   bn_span: int | None
   dtype: Any
   kernel_layout: str = "HWIO"
+  stat_groups: int = 0
 
   @nn.compact
   def __call__(self, x, train: bool):
-    bn = lambda zero=False: BatchNorm(self.bn_span, zero_scale=zero, dtype=self.dtype)
+    bn = lambda zero=False: BatchNorm(self.bn_span, zero_scale=zero, dtype=self.dtype,
+                                      stat_groups=self.stat_groups)
     cv = functools.partial(conv, dtype=self.dtype, layout=self.kernel_layout)
     out_features = self.features * (4 if self.bottleneck else 1)
     residual = x

@@ -8,7 +8,9 @@ The variables are the Flax ones of `benchmarks.resnet.model.ResNet`:
   e.g. "params/Block_0/Conv_0/kernel" (what `convert_torch` writes from torchvision weights).
 - `load(path)` reads such an .npz, or a training run's orbax checkpoint (the run's output_dir,
   its checkpoints/ folder or one step folder; the latest step is taken), as numpy arrays on the
-  host, convolution kernels HWIO (a run of `--kernel_layout=OHWI` stored them OHWI). SSD's backbone loads ImageNet-pretrained ResNet-34 weights through it.
+  host: convolution kernels HWIO (a run of `--kernel_layout=OHWI` stores them OHWI), running
+  statistics one per channel (a run of `--bn_group_stats` keeps one per group: averaged). SSD's
+  backbone loads ImageNet-pretrained ResNet-34 weights through it.
 """
 
 from __future__ import annotations
@@ -267,6 +269,10 @@ def load(path: str) -> dict[str, Any]:
     raise UserError(f"{path} does not exist; {_SOURCES}")
   variables = _load_orbax(path) if os.path.isdir(path) else _load_npz(path)
   _check_resnet(variables, path, _SOURCES)
+  # A run of --bn_group_stats kept each group's running statistics, (groups, channels): their
+  # average, as its evaluation takes it.
+  variables = {**variables, "batch_stats": _each_leaf(
+      lambda v: v.mean(0) if v.ndim == 2 else v, variables["batch_stats"])}
   if stem_layout(variables["params"]["stem"]["kernel"].shape) == "OHWI":
     # A run that stored its kernels OHWI (--kernel_layout=OHWI): HWIO, as every file here is.
     from benchmarks.common.convnet import to_hwio

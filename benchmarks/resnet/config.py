@@ -41,6 +41,7 @@ class Config(Common):
   model_width: int = 64             # channels of the first stage (64 for ResNet-50)
   bn_span: int = 0                  # examples per batch-norm group; 0: the per-replica batch
   kernel_layout: str = "HWIO"       # convolution kernels stored HWIO, or OHWI (cuDNN's: GPUs)
+  bn_group_stats: bool = False      # running statistics kept per batch-norm group (GPUs)
   # Optimizer (MLPerf ResNet keys).
   optimizer: str = "lars"
   base_learning_rate: float = 31.2
@@ -100,7 +101,8 @@ PRESETS = {
         model_width=64, global_batch_size=3200, max_epochs=37,
         eval_epochs=tuple(range(3, 37, 4)), optimizer="lars", base_learning_rate=11.0,
         warmup_epochs=2.0, schedule_epochs=37.0, weight_decay=5e-5, momentum=0.9,
-        bn_span=400, target_accuracy=0.759, kernel_layout="OHWI"),
+        bn_span=400, target_accuracy=0.759, kernel_layout="OHWI",
+        bn_group_stats=True),
     # A 64-chip TPU v4 slice (v4:4x4x4), with Google's MLPerf Training v1.0 ResNet-50 on the
     # same 64 chips (mlcommons/training_results_v1.0, Google/results/tpu-v4-128-TF/resnet/
     # result_0.txt; Google/benchmarks/resnet/implementations/tpu-v4-128-TF/run_and_time.sh):

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from benchmarks.common.convnet import stat_groups
 from benchmarks.common.layers import compute_dtype, normalize_imagenet
 from benchmarks.common.stages import STAGES
 from benchmarks.resnet import data as data_lib
@@ -155,7 +156,8 @@ def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int
           or data_lib.make(cfg, process_index, process_count))
   bn_span = cfg.bn_span or max(1, cfg.global_batch_size // replicas)
   model = ResNet(cfg.model_depth, cfg.model_width, cfg.num_classes, bn_span, dtype,
-                 cfg.kernel_layout)
+                 cfg.kernel_layout,
+                 stat_groups(cfg.bn_group_stats, cfg.global_batch_size, bn_span, replicas))
   eval_model = model.clone(bn_span=None)
   lr, _, decay = schedule(cfg, data.steps_per_epoch)
 

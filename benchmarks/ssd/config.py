@@ -37,6 +37,7 @@ class Config(Common):
   aspect_ratios: tuple[tuple[int, ...], ...] = ((2,), (2, 3), (2, 3), (2, 3), (2,), (2,))  # per map
   bn_span: int = 0                  # examples per batch-norm group; 0: the per-replica batch
   kernel_layout: str = "HWIO"       # convolution kernels stored HWIO, or OHWI (cuDNN's: GPUs)
+  bn_group_stats: bool = False      # running statistics kept per batch-norm group (GPUs)
   # Loss and detection.
   match_iou: float = 0.5
   negative_ratio: int = 3
@@ -99,7 +100,8 @@ PRESETS = {
         global_batch_size=912, eval_batch_size=912, max_epochs=80,
         eval_epochs=(40, 50, 55, 60, 65, 70, 75, 80), base_learning_rate=0.003157,
         warmup_steps=642, warmup_factor=0.0, decay_epochs=(44, 55), weight_decay=1.3e-4,
-        bn_span=114, target_map=0.23, kernel_layout="OHWI"),
+        bn_span=114, target_map=0.23, kernel_layout="OHWI",
+        bn_group_stats=True),
     # A 64-chip TPU v4 slice (v4:4x4x4), with Google's MLPerf Training v1.0 SSD on the same 64
     # chips (mlcommons/training_results_v1.0, Google/results/tpu-v4-128-TF/ssd/result_0.txt;
     # Google/benchmarks/ssd/implementations/tpu-v4-128-TF/run_and_time.sh): batch 1024, 0.0031

@@ -41,16 +41,18 @@ class Backbone(nn.Module):
   bn_span: int | None = None
   dtype: Any = jnp.float32
   kernel_layout: str = "HWIO"
+  bn_stat_groups: int = 0
 
   @nn.compact
   def __call__(self, x, train: bool):
     stages, bottleneck = STAGES[self.depth]
-    x = stem(x, self.width, self.bn_span, self.dtype, train, self.kernel_layout)
+    x = stem(x, self.width, self.bn_span, self.dtype, train, self.kernel_layout,
+             self.bn_stat_groups)
     for i, blocks in enumerate(stages[:3]):         # conv2_x .. conv4_x; conv5_x removed
       for j in range(blocks):
         stride = 2 if (i == 1 and j == 0) else 1    # conv4_1 keeps the resolution
         x = Block(self.width * 2**i, stride, bottleneck, self.bn_span, self.dtype,
-                  self.kernel_layout)(x, train)
+                  self.kernel_layout, self.bn_stat_groups)(x, train)
     return x
 
 
@@ -62,7 +64,8 @@ class SSD(nn.Module):
   width: int = 64
   bn_span: int | None = None
   dtype: Any = jnp.float32
-  kernel_layout: str = "HWIO"       # convolution kernels: HWIO or OHWI (convnet.KERNEL_LAYOUTS)
+  kernel_layout: str = "HWIO"       # convolution kernels: HWIO or OHWI (weights.KERNEL_LAYOUTS)
+  bn_stat_groups: int = 0           # batch norm's running statistics per group (BatchNorm)
 
   @nn.compact
   def __call__(self, image, train: bool):
@@ -72,14 +75,14 @@ class SSD(nn.Module):
     x = normalize_imagenet(image, f)
     x = constrain(x.astype(self.dtype), ("batch", "height", "width", None))
     x = Backbone(self.depth, self.width, self.bn_span, self.dtype, self.kernel_layout,
-                 name="Backbone")(x, train)
+                 self.bn_stat_groups, name="Backbone")(x, train)
     cv = functools.partial(conv, dtype=self.dtype, layout=self.kernel_layout)
     maps = [x]
     scale = self.width / 64
     outs = (512, 512, 256, 256, 256, 256)    # MLPerf channels at width 64, then repeated
     mids = (256, 256, 128, 128, 128, 128)
     for i, stride in enumerate(self.extra_blocks):
-      bn = lambda: BatchNorm(self.bn_span, dtype=self.dtype)
+      bn = lambda: BatchNorm(self.bn_span, dtype=self.dtype, stat_groups=self.bn_stat_groups)
       k = min(i, len(outs) - 1)
       y = nn.relu(bn()(cv(x, int(mids[k] * scale), 1), train))
       if stride:

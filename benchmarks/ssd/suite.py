@@ -8,7 +8,7 @@ import numpy as np
 import optax
 
 from benchmarks.common import weights
-from benchmarks.common.convnet import from_hwio
+from benchmarks.common.convnet import from_hwio, stat_groups
 from benchmarks.common.layers import compute_dtype
 from benchmarks.common.stages import STAGES
 from benchmarks.data import check_image_batches
@@ -37,11 +37,12 @@ def anchors(cfg: Config) -> np.ndarray:
                                cfg.aspect_ratios)
 
 
-def make_model(cfg: Config, bn_span: int | None) -> SSD:
+def make_model(cfg: Config, bn_span: int | None, replicas: int = 1) -> SSD:
   dtype = compute_dtype(cfg.dtype)
   return SSD(cfg.num_classes, box_lib.boxes_per_cell(cfg.aspect_ratios),
              cfg.extra_blocks, cfg.backbone_depth, cfg.backbone_width,
-             bn_span, dtype, cfg.kernel_layout)
+             bn_span, dtype, cfg.kernel_layout,
+             stat_groups(cfg.bn_group_stats, cfg.global_batch_size, bn_span, replicas))
 
 
 def schedule(cfg: Config, steps_per_epoch: int):
@@ -92,7 +93,8 @@ def to_coco(boxes, scores, classes, image_ids, sizes, category_ids) -> np.ndarra
 
 def backbone_weights(cfg: Config) -> dict:
   """The backbone's part of a ResNet checkpoint (stem, conv2_x..conv4_x), its kernels in
-  `--kernel_layout`, placed where the SSD keeps it: {"params": {"Backbone": ...}, "model_state": {"batch_stats": {"Backbone": ...}}}."""
+  `--kernel_layout`, placed where the SSD keeps it: {"params": {"Backbone": ...},
+  "model_state": {"batch_stats": {"Backbone": ...}}} (running statistics one per channel)."""
   w = weights.load(cfg.backbone_checkpoint)
   blocks = sum(STAGES[cfg.backbone_depth][0][:3])
   names = {"stem", "BatchNorm_0"} | {f"Block_{i}" for i in range(blocks)}
@@ -125,7 +127,7 @@ def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int
       raise UserError(f"the validation annotations cannot be scored: {type(e).__name__}: {e}"
                       ) from None
   bn_span = cfg.bn_span or max(1, cfg.global_batch_size // replicas)
-  model = make_model(cfg, bn_span)
+  model = make_model(cfg, bn_span, replicas)
   eval_model = model.clone(bn_span=None)
   lr, base_lr = schedule(cfg, data.steps_per_epoch)
   f = jnp.float64 if cfg.dtype == "float64" else jnp.float32
