@@ -17,8 +17,8 @@ from benchmarks.common.convnet import (
   max_pool_3x3,
   relu_by_output,
   stat_groups,
-  to_hwio,
 )
+from benchmarks.common.weights import to_hwio
 from benchmarks.data import array_batches, num_steps, padded
 from benchmarks.resnet import data as data_lib
 from benchmarks.resnet.config import PRESETS

@@ -18,7 +18,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from numpy.lib.stride_tricks import sliding_window_view
 
 from benchmarks.common import weights
-from benchmarks.common.convnet import from_hwio
+from benchmarks.common.weights import from_hwio
 from benchmarks.resnet import convert_torch
 from benchmarks.resnet.convert_torch import convert
 from benchmarks.resnet.model import ResNet

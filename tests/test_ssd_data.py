@@ -10,7 +10,7 @@ import pytest
 from flax import linen as nn
 
 from benchmarks.common import weights
-from benchmarks.common.convnet import from_hwio
+from benchmarks.common.weights import from_hwio
 from benchmarks.resnet.model import ResNet
 from benchmarks.ssd import data as data_lib
 from benchmarks.ssd import suite

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from flax import linen as nn
 
 from benchmarks.common.layers import layer_output, named_init, param_dtype
-from benchmarks.common.weights import check_kernel_layout
+from benchmarks.common.weights import HWIO_TO_OHWI, check_kernel_layout
 from mesh import constrain
 from mesh.sharding import SPATIAL_DIMS, manual_axes, splits
 from runtime.errors import UserError
@@ -248,9 +248,7 @@ max_pool_3x3.defvjp(_max_pool_3x3_fwd, _max_pool_3x3_bwd)
 # kernel into OHWI before its convolutions and copies each updated weight and momentum back into
 # HWIO after the optimizer (cuDNN developer guide, "Tensor Layouts": NHWC convolutions take
 # filters in KRSC, i.e. OHWI). Checkpoints and weight files are HWIO whatever the model stores
-# (`to_hwio`, `from_hwio`; the names are `weights.KERNEL_LAYOUTS`).
-_HWIO_TO_OHWI = (3, 0, 1, 2)
-_OHWI_TO_HWIO = (1, 2, 3, 0)
+# (`weights.to_hwio`, `weights.from_hwio`; the names are `weights.KERNEL_LAYOUTS`).
 
 
 class Conv(nn.Module):
@@ -275,7 +273,7 @@ class Conv(nn.Module):
     init = self.kernel_init
 
     def ohwi_init(key, shape, dtype):
-      return jnp.transpose(init(key, (k, k, cin, self.features), dtype), _HWIO_TO_OHWI)
+      return jnp.transpose(init(key, (k, k, cin, self.features), dtype), HWIO_TO_OHWI)
 
     kernel = self.param("kernel", named_init(ohwi_init, self.kernel_names),
                         (self.features, k, k, cin), self.param_dtype)
@@ -316,23 +314,6 @@ def conv(x, features: int, kernel: int, strides: int = 1, name: str | None = Non
          layout: str = "HWIO"):
   return constrain(conv_layer(features, kernel, strides, layout=layout, dtype=dtype,
                               name=name)(x), ACT)
-
-
-def _each_kernel(tree, perm):
-  """`tree` with every 4-D "kernel" leaf transposed by `perm`."""
-  return jax.tree_util.tree_map_with_path(
-      lambda path, v: (v.transpose(perm) if getattr(path[-1], "key", None) == "kernel"
-                       and getattr(v, "ndim", 0) == 4 else v), tree)
-
-
-def to_hwio(params, layout: str):
-  """Parameters stored in `layout` (KERNEL_LAYOUTS) with their convolution kernels in HWIO."""
-  return params if layout == "HWIO" else _each_kernel(params, _OHWI_TO_HWIO)
-
-
-def from_hwio(params, layout: str):
-  """HWIO parameters (a weight file's, a checkpoint's) with their kernels stored in `layout`."""
-  return params if layout == "HWIO" else _each_kernel(params, _HWIO_TO_OHWI)
 
 
 def stem(x, width: int, bn_span, dtype, train: bool, layout: str = "HWIO",

@@ -60,6 +60,27 @@ def _unflatten(flat: Mapping[str, np.ndarray], where: str) -> dict[str, Any]:
   return tree
 
 
+HWIO_TO_OHWI = (3, 0, 1, 2)
+_OHWI_TO_HWIO = (1, 2, 3, 0)
+
+
+def _each_kernel(tree, perm):
+  """`tree` (nested mappings) with every 4-D "kernel" leaf transposed by `perm`."""
+  return {k: (_each_kernel(v, perm) if isinstance(v, Mapping) else
+              v.transpose(perm) if k == "kernel" and getattr(v, "ndim", 0) == 4 else v)
+          for k, v in tree.items()}
+
+
+def to_hwio(params, layout: str):
+  """Parameters stored in `layout` (KERNEL_LAYOUTS) with their convolution kernels in HWIO."""
+  return params if layout == "HWIO" else _each_kernel(params, _OHWI_TO_HWIO)
+
+
+def from_hwio(params, layout: str):
+  """HWIO parameters (a weight file's, a checkpoint's) with their kernels stored in `layout`."""
+  return params if layout == "HWIO" else _each_kernel(params, HWIO_TO_OHWI)
+
+
 def check_kernel_layout(layout: str) -> None:
   if layout not in KERNEL_LAYOUTS:
     raise UserError(f"--kernel_layout={layout}: choose one of {', '.join(KERNEL_LAYOUTS)} "
@@ -275,6 +296,5 @@ def load(path: str) -> dict[str, Any]:
       lambda v: v.mean(0) if v.ndim == 2 else v, variables["batch_stats"])}
   if stem_layout(variables["params"]["stem"]["kernel"].shape) == "OHWI":
     # A run that stored its kernels OHWI (--kernel_layout=OHWI): HWIO, as every file here is.
-    from benchmarks.common.convnet import to_hwio
     variables = {**variables, "params": to_hwio(variables["params"], "OHWI")}
   return variables

@@ -8,9 +8,10 @@ import numpy as np
 import optax
 
 from benchmarks.common import weights
-from benchmarks.common.convnet import from_hwio, stat_groups
+from benchmarks.common.convnet import stat_groups
 from benchmarks.common.layers import compute_dtype
 from benchmarks.common.stages import STAGES
+from benchmarks.common.weights import from_hwio
 from benchmarks.data import check_image_batches
 from benchmarks.ssd import boxes as box_lib
 from benchmarks.ssd import coco_eval, detect
