@@ -244,7 +244,14 @@ def parse_run_and_time(text: str) -> dict[str, Any]:
   flag (`--input_partition_dims`) into a list. Paths (gs://) and TPU names are left out."""
   command = text.replace("\\\n", " ")
   flags: dict[str, Any] = {}
-  for token in shlex.split(command, comments=True):
+  try:
+    tokens = shlex.split(command, comments=True)
+  except ValueError:
+    # A quote left open (v0.7's tpu-v4-512 script: --..._jobs="tpu_worker|...): words as the
+    # shell would see them were it closed at the line's end.
+    tokens = [t.strip('"') for line in command.splitlines()
+              for t in line.split("#", 1)[0].split()]
+  for token in tokens:
     if not token.startswith("--") or "=" not in token:
       continue
     name, value = token[2:].split("=", 1)
@@ -326,11 +333,13 @@ def resnet_convergence(run: Run, iterations: int, batch: int, train_images: int,
 
 
 def resnet_timing(runs: Sequence[Run], iterations: int, train_batch: int, eval_batch: int,
-                  eval_images: int, target: float = TARGETS["resnet"]) -> dict[str, float]:
-  """Seconds and milliseconds of a ResNet point (module docstring)."""
+                  eval_images: int, target: float = TARGETS["resnet"],
+                  blocks_of=resnet_blocks) -> dict[str, float]:
+  """Seconds and milliseconds of a ResNet point (module docstring); `blocks_of` reads a run's
+  (epoch, block_start, block_stop, top-1) blocks (v0.7's logs pair them otherwise)."""
   blocks, startups, tails = [], [], []
   for run in runs:
-    marks = resnet_blocks(run)
+    marks = blocks_of(run)
     if len(marks) < 2:
       raise InputError(f"{run.name}: fewer than 2 complete blocks")
     block = statistics.median(stop - start for _, start, stop, _ in marks[1:])

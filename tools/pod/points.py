@@ -344,3 +344,57 @@ def mape(pairs) -> float | None:
   """Mean absolute percentage error of (modelled, measured) pairs (None without pairs)."""
   errors = [abs(m / r - 1) for m, r in pairs if r]
   return 100 * statistics.mean(errors) if errors else None
+
+
+# --- Google's MLPerf v0.7 TPU-v4 ResNet submissions, from their logs ------------------------------
+
+REPO_V07 = "https://github.com/mlcommons/training_results_v0.7/tree/master/"
+PRESET_V4 = "tpu-v4-128"
+
+
+def _resnet_v07(d: dict[str, Any]) -> dict[str, Any]:
+  # run_and_time.sh: --steps_per_eval = 4 epochs at 8192 (16 at 2048); the lr schedule spans
+  # --train_steps (schedule_epochs); model_bn_span as logged (the per-replica batch x
+  # --distributed_group_size).
+  h, f = d["hparams"], d["run_and_time"]
+  batch = d["global_batch_size"]
+  images = h["train_samples"]
+  return {"mesh": "data:-1", "global_batch_size": batch,
+          "overrides": {"eval_batch_size": f.get("eval_batch_size", batch),
+                        "max_epochs": int(_median(d["epochs_per_log"])),
+                        "eval_every": round(f["iterations_per_loop"] * batch / images),
+                        "bn_span": d["model_bn_span"],
+                        "base_learning_rate": float(h["lars_opt_base_learning_rate"]),
+                        "warmup_epochs": float(h["lars_opt_learning_rate_warmup_epochs"]),
+                        "weight_decay": h["lars_opt_weight_decay"],
+                        "lars_epsilon": h["lars_epsilon"],
+                        "schedule_epochs": round(f["train_steps"] * batch / images, 2)},
+          "notes": f"{f['num_replicas']} replicas ({f['num_replicas'] // d['chips']} "
+                   f"a chip); evaluation every {f['iterations_per_loop']} steps, in the training "
+                   f"loop's device program"}
+
+
+def from_google_v07(derived: dict[str, Any]) -> dict[str, Any]:
+  """The points file of Google's v0.7 TPU-v4 ResNet submissions from
+  `tools.pod.google_v07.derive`'s figures, over the ResNet `tpu-v4-128` preset."""
+  commit = derived["source"].get("commit") or "master"
+  repo = REPO_V07.replace("master", commit)
+  out = []
+  for d in derived["points"]:
+    built = _resnet_v07(d)
+    m = d["measured"]
+    out.append({
+        "name": f"{d['benchmark']}-v4-{d['chips']}", "benchmark": d["benchmark"],
+        "preset": PRESET_V4, "topology": d["topology"], "mesh": built["mesh"],
+        "global_batch_size": built["global_batch_size"], "overrides": built["overrides"],
+        "train_steps": d["train_steps"], "evaluations": d["evaluations"],
+        "host": {"startup_s": m["startup_s"], "final_scoring_s": m["tail_s"]},
+        "published_minutes": d["published_minutes"], "measured": m,
+        "notes": built["notes"],
+        "source": [repo + s for s in d["sources"]],
+        "facts": {"system": d["system"], "logs": d["logs"], "epochs_per_log": d["epochs_per_log"],
+                  "converged_epochs": d["converged_epochs"], "hparams": d["hparams"],
+                  "run_and_time": d["run_and_time"]}})
+  return {"about": "Google's MLPerf v0.7 closed-division TPU-v4 ResNet-50 submissions (8, 64 and "
+                   "256 chips), from their result logs, command lines and runners: "
+                   + derived["source"]["derived_by"], "source": derived["source"], "points": out}

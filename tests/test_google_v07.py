@@ -1,0 +1,134 @@
+"""tools/pod/google_v07.py: Google's v0.7 TPU-v4 ResNet figures, derived from a fake
+training_results_v0.7 tree written here in the real formats (`:::MLLOG {json}` lines as the v0.7
+runner prints them, with its epoch numbering; run_and_time.sh command lines, one with an
+unclosed quote as tpu-v4-512's), with timings chosen so that the train step, evaluation, start
+and tail are known by construction; and its points file, which `./run.sh scale` reads."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tools.pod import google_v07 as g
+from tools.pod import points
+
+FILE = "${INTERNAL_PATH}/third_party/tensorflow_models/mlperf/models/rough/resnet/resnet_main.py"
+STEP, START, TAIL, IMAGES = 0.040, 3.0, 0.015, 1281167
+# cores: (batch, iterations per loop, replicas, eval batch)
+SLICES = {16: (2048, 2502, 16, 2048), 128: (8192, 625, 64, 8192), 512: (8192, 626, 512, 8192)}
+
+
+def _line(t: float, key: str, value=None, **metadata) -> str:
+  return ":::MLLOG " + json.dumps({"namespace": "main", "time_ms": round(t * 1e3), "key": key,
+                                   "value": value, "metadata": {**metadata, "lineno": 1,
+                                                                "file": FILE}})
+
+
+def _block(batch: int, iterations: int, eval_batch: int) -> float:
+  """A block's device time: `iterations` steps and ceil(50000 / eval batch) forward steps of
+  (eval batch / batch) / 3 of a step each."""
+  return STEP * (iterations + -(-50000 // eval_batch) * eval_batch / batch / 3)
+
+
+def _log(system: str, batch: int, iterations: int, eval_batch: int, t0: float,
+         converge: int | None) -> str:
+  block = _block(batch, iterations, eval_batch)
+  per_epoch = IMAGES / batch
+  lines = [_line(t0 - 60, "init_start"), _line(t0 - 59, "global_batch_size", batch),
+           _line(0, "submission_platform", system), _line(t0 - 58, "model_bn_span", 128),
+           _line(t0 - 57, "lars_opt_base_learning_rate", 17.0),
+           _line(t0 - 56, "lars_opt_learning_rate_warmup_epochs", 5),
+           _line(t0 - 55, "lars_opt_weight_decay", 0.0002), _line(t0 - 54, "lars_epsilon", 0.0),
+           _line(t0 - 2, "train_samples", IMAGES), _line(t0 - 2, "eval_samples", 50000),
+           _line(t0, "run_start")]
+  t = t0
+  for k in range(1, 30):
+    first = (k - 1) * iterations // per_epoch
+    stop = t + block + (START if k == 1 else 0.0)
+    top1 = 0.76 if k == converge else 0.5 + 0.005 * k
+    lines += [_line(t, "block_start", first_epoch_num=first, epoch_count=4),
+              _line(stop, "eval_accuracy", top1, epoch_num=first + iterations // per_epoch),
+              _line(stop, "block_stop", first_epoch_num=first, epoch_count=4)]
+    if k == converge:
+      lines += [_line(stop + TAIL, "run_stop", status="success")]
+      return "\n".join(lines + [_line(stop + 20, "run_final")])
+    t = stop
+  return "\n".join(lines + [_line(t + TAIL, "run_stop", status="abort")])
+
+
+def _fake_repo(root: str) -> str:
+  for cores, (batch, iterations, replicas, eval_batch) in SLICES.items():
+    system = f"tpu-v4-{cores}"
+    folder = os.path.join(root, "Google", "results", f"{system}-TF", "resnet")
+    os.makedirs(folder)
+    converge = {16: (5, 5, 6, 5, 5), 128: (8, 8, 8, 9, None)}.get(cores, (7,) * 5)
+    for n, c in enumerate(converge):
+      with open(os.path.join(folder, f"result_{n}.txt"), "w") as f:
+        f.write(_log(system, batch, iterations, eval_batch, 1.6e9 + 1e4 * n, c))
+    script = os.path.join(root, "Google", "benchmarks", "resnet", f"{system}-TF",
+                          "run_and_time.sh")
+    os.makedirs(os.path.dirname(script))
+    jobs = '--${INTERNAL}_jobs="tpu_worker|${INTERNAL_PATH} ' if cores == 512 else ""
+    with open(script, "w") as f:
+      f.write(f"#!/bin/bash\npython3 resnet_main.py {jobs}--distributed_group_size=1 "
+              f"--enable_lars --eval_batch_size={eval_batch} --iterations_per_loop={iterations} "
+              f"--num_replicas={replicas} --train_batch_size={batch} "
+              f"--train_steps={iterations * 12} --use_space_to_depth\n")
+  return root
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+  return _fake_repo(str(tmp_path_factory.mktemp("training_results_v0.7")))
+
+
+def test_derive_recovers_the_constructed_timings(repo):
+  doc = g.derive(repo, commit="0a8a85a209c8e45b661596c382cc20f4e32fd2fe")
+  assert doc["source"]["repository"] == g.REPOSITORY
+  got = {p["system"]: p for p in doc["points"]}
+  assert set(got) == {"tpu-v4-16", "tpu-v4-128", "tpu-v4-512"}
+  tol = dict(rel=2e-3, abs=2e-3)                   # the logs' times are whole milliseconds
+  for cores, (batch, iterations, _, eval_batch) in SLICES.items():
+    p = got[f"tpu-v4-{cores}"]
+    assert p["chips"] == cores // 2 and p["topology"] == g.TOPOLOGIES[cores]
+    assert p["global_batch_size"] == batch and p["logs"] == 5
+    m = p["measured"]
+    block = _block(batch, iterations, eval_batch)
+    assert m["train_step_ms"] == pytest.approx(1e3 * STEP, **tol)
+    assert m["loop_step_ms"] == pytest.approx(1e3 * block / iterations, **tol)
+    assert m["eval_on_device_s"] == pytest.approx(block - iterations * STEP, **tol)
+    assert m["startup_s"] == pytest.approx(START, **tol)
+    assert m["tail_s"] == pytest.approx(TAIL, abs=2e-3)
+  p = got["tpu-v4-128"]                   # 8, 8, 8, 9 blocks and one aborted run
+  assert p["evaluations"] == pytest.approx(8.25) and p["train_steps"] == pytest.approx(8.25 * 625)
+  per_epoch = IMAGES / 8192
+  assert p["epochs_per_log"][0] == 7 * 625 // per_epoch + 625 // per_epoch
+  block = _block(8192, 625, 8192)
+  kept = sorted((START + n * block + TAIL) / 60 for n in (8, 8, 8, 9))[1:]   # aborted: slowest
+  assert p["published_minutes"] == pytest.approx(sum(kept) / 3, rel=1e-4)
+  assert got["tpu-v4-512"]["run_and_time"]["num_replicas"] == 512     # the unclosed quote read
+
+
+def test_points_file_is_what_scale_reads(repo, tmp_path):
+  out = tmp_path / "v07.json"
+  assert g.main([f"--repo={repo}", "--commit=0a8a85a", f"--points={out}"]) == 0
+  loaded = {p.name: p for p in points.load(str(out))}
+  assert set(loaded) == {"resnet-v4-8", "resnet-v4-64", "resnet-v4-256"}
+  p = loaded["resnet-v4-64"]
+  assert p.preset == "tpu-v4-128" and p.topology == "v4:4x4x4"
+  assert p.overrides["global_batch_size"] == 8192 and p.overrides["eval_every"] == 4
+  assert p.measured_step_ms == pytest.approx(1e3 * STEP, rel=2e-3)
+  for point in loaded.values():
+    points.check(point, point.name)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--repo=/nonexistent/training_results_v0.7"], "no directory"),
+    (["--repo=."], "not a training_results_v0.7 checkout"),
+])
+def test_bad_input_is_one_line_and_status_2(argv, says, capsys):
+  assert g.main(argv) == 2
+  err = capsys.readouterr().err
+  assert err.startswith("error: ") and says in err and err.count("\n") == 1
