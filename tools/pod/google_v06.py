@@ -649,18 +649,27 @@ def derive_point(repo_dir: str, benchmark: str, chips: int) -> dict[str, Any]:
   }
 
 
-def derive(repo_dir: str, commit: str | None = None) -> dict[str, Any]:
-  """Every point's figures, unrounded, as a JSON-able dict (InputError on bad input)."""
+def checked_source(repo_dir: str, commit: str | None, repository: str, module: str
+                   ) -> dict[str, Any]:
+  """The `source` of a derivation from a checkout of `repository` at repo_dir (InputError
+  unless it holds Google/results and Google/benchmarks and `commit` is a hex id)."""
   if not os.path.isdir(repo_dir):
     raise InputError(f"no directory {repo_dir}")
+  release = repository.rsplit("/", 1)[1]
   for sub in ("results", "benchmarks"):
     if not os.path.isdir(os.path.join(repo_dir, "Google", sub)):
-      raise InputError(f"{repo_dir} is not a training_results_v0.6 checkout: no Google/{sub}")
+      raise InputError(f"{repo_dir} is not a {release} checkout: no Google/{sub}")
   if commit is not None and not re.fullmatch(r"[0-9a-fA-F]{7,40}", commit):
     raise InputError(f"--commit {commit!r} is not a hex commit id")
-  derived_by = f"python -m tools.pod.google_v06 --repo={repo_dir}"
+  derived_by = f"python -m {module} --repo={repo_dir}"
   if commit:
     derived_by += f" --commit={commit}"
+  return {"repository": repository, "commit": commit, "derived_by": derived_by}
+
+
+def derive(repo_dir: str, commit: str | None = None) -> dict[str, Any]:
+  """Every point's figures, unrounded, as a JSON-able dict (InputError on bad input)."""
+  source = checked_source(repo_dir, commit, REPOSITORY, "tools.pod.google_v06")
   points = []
   for bm in BENCHMARKS:
     for chips in CHIPS:
@@ -669,8 +678,7 @@ def derive(repo_dir: str, commit: str | None = None) -> dict[str, Any]:
       except (KeyError, TypeError, ZeroDivisionError) as e:     # a marker without its metadata
         raise InputError(f"tpu-v3-{2 * chips}/{bm}: unexpected log content "
                          f"({type(e).__name__}: {e})") from None
-  return {"source": {"repository": REPOSITORY, "commit": commit, "derived_by": derived_by},
-          "points": points}
+  return {"source": source, "points": points}
 
 
 def rounded(value: Any, key: str = "") -> Any:
@@ -706,29 +714,37 @@ class _Parser(argparse.ArgumentParser):
     raise InputError(message)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-  parser = _Parser(prog="python -m tools.pod.google_v06",
-                   description="Google's MLPerf v0.6 TPU-v3 points, from their logs, as JSON.")
+def run_main(argv: Sequence[str] | None, module: str, description: str, repository: str,
+             derive_fn, points_fn) -> int:
+  """A derivation's command line: --repo, --commit, --output (the derived figures, rounded),
+  --points (the points file `points_fn` makes of them); bad input is one `error:` line, 2."""
+  release = repository.rsplit("/", 1)[1]
+  parser = _Parser(prog=f"python -m {module}", description=description)
   parser.add_argument("--repo", required=True,
-                      help="checkout of mlcommons/training_results_v0.6 (its Google folder)")
+                      help=f"checkout of mlcommons/{release} (its Google folder)")
   parser.add_argument("--commit", help="the checkout's commit, recorded in the output")
   parser.add_argument("--output", help="JSON file to write (default stdout)")
-  parser.add_argument("--points", help="also write the points file of `./run.sh scale` "
-                      "(tools.pod.points.from_google) here")
+  parser.add_argument("--points", help="also write the points file of `./run.sh scale` here")
   try:
     args = parser.parse_args(argv)
-    derived = rounded(derive(args.repo, args.commit))
+    derived = rounded(derive_fn(args.repo, args.commit))
     text = json.dumps(derived, indent=1) + "\n"
     if args.output:
       _write(args.output, text)
     elif not args.points:
       sys.stdout.write(text)
     if args.points:
-      _write(args.points, json.dumps(points.from_google(derived), indent=1) + "\n")
+      _write(args.points, json.dumps(points_fn(derived), indent=1) + "\n")
   except InputError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  return run_main(argv, "tools.pod.google_v06",
+                  "Google's MLPerf v0.6 TPU-v3 points, from their logs, as JSON.", REPOSITORY,
+                  derive, points.from_google)
 
 
 if __name__ == "__main__":

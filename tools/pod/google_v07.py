@@ -1,4 +1,4 @@
-"""Google's MLPerf v0.7 TPU-v4 ResNet-50 submissions, derived from their logs: `python -m
+"""Google's MLPerf v0.7 TPU-v4 ResNet-50 and SSD submissions, derived from their logs: `python -m
 tools.pod.google_v07 --repo=DIR [--commit=SHA] [--output=FILE] [--points=FILE]`.
 
 DIR is a checkout of https://github.com/mlcommons/training_results_v0.7 (the `Google` folder is
@@ -9,8 +9,9 @@ olympic mean of run_start -> run_stop over its 5 logs), the batch, model_bn_span
 hyperparameter the logs carry, the command line's flags, the epochs, training steps and
 evaluations to the 0.759 target, and the device time of a training step, of an evaluation, of
 the start and of the tail of the run, each with the files it came from. Bad input is one line
-`error: ...` on stderr and exit status 2. Not derived yet: v0.7's SSD and Transformer on v4 and
-its 4096-chip v3 points (JAX and TensorFlow), whose runners mark their blocks otherwise.
+`error: ...` on stderr and exit status 2. SSD's three v4 points are derived too (below). Not
+derived yet: the Transformer on v4 (lingvo: one device call trains and decodes, and the markers
+cannot split them) and the 4096-chip v3 points (JAX and TensorFlow).
 
 What it reads, for `<cores>` in 16, 128, 512:
 
@@ -32,10 +33,25 @@ training step per image). The epochs differ from v0.6's: block_start's and block
 first_epoch_num are cur_step // (images / batch) and eval_accuracy's epoch_num that plus
 iterations // (images / batch), so the blocks are paired in order (one block_start, then one
 eval_accuracy and one block_stop), and block k ends after k x iterations training steps.
+
+SSD (`Google/benchmarks/ssd/implementations/ssd-research-TF-tpu-v4-<cores>/`, the tpu-v4-128
+copy's lines): one device program repeats `iterations_per_loop` training steps then
+ceil(5000 / eval batch) predict steps (`util/train_and_eval_runner.py` L432-446); per block the
+host logs block_start and eval_start (`ssd_main.py` L238-250), waits for the predictions'
+outfeed (`train_and_eval_runner.py` L571-583), logs block_stop (`ssd_main.py` L255-261) and
+hands the predictions to scoring processes (L263, L124-136), whose eval_accuracy arrives while
+the device trains on (L194-222); run_stop is logged with the converged score (L225-226). So a
+segment block_stop(k-1) -> block_stop(k) is `iterations` training steps plus one prediction on
+the device; its split is estimated as ResNet's (a prediction step a third of a training step
+per image): train_step = median segment / (iterations + ceil(5000 / eval batch) x eval batch /
+batch / 3). host_scoring = eval_accuracy(e) - the block_stop of the block whose eval_start is
+epoch e, startup = (first block_stop - run_start) - the steady segment, tail = run_stop - the
+converged block_stop. Evaluation k is logged at epoch (k x iterations) // (images // batch).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -52,10 +68,16 @@ CORES = (16, 128, 512)
 # A slice of `cores` TensorCores, two per chip, as a v4 topology (chips per dimension).
 TOPOLOGIES = {16: "v4:2x2x2", 128: "v4:4x4x4", 512: "v4:4x8x8"}
 LOGS = 5
-RUNNER = ("util/train_and_eval_runner.py", "resnet_main.py")
-METHOD = ("block (block_start -> block_stop, paired in order) = iterations_per_loop train steps "
-          "+ one in-loop eval of ceil(50000/eval batch) forward steps, each 1/3 of a train step "
-          "at the same batch; median steady block per log, then over logs")
+BENCHMARKS = ("resnet", "ssd")
+RUNNERS = {"resnet": ("util/train_and_eval_runner.py", "resnet_main.py"),
+           "ssd": ("util/train_and_eval_runner.py", "ssd_main.py")}
+METHODS = {
+    "resnet": "block (block_start -> block_stop, paired in order) = iterations_per_loop train "
+              "steps + one in-loop eval of ceil(50000/eval batch) forward steps, each 1/3 of a "
+              "train step at the same batch; median steady block per log, then over logs",
+    "ssd": "segment (consecutive block_stops) = iterations_per_loop train steps + one predict of "
+           "ceil(5000/eval batch) forward steps, each 1/3 of a train step at the same batch; "
+           "median steady segment per log, then over logs"}
 InputError = v06.InputError
 
 
@@ -108,14 +130,78 @@ def resnet_convergence(run: v06.Run, iterations: int, batch: int, images: int,
   raise InputError(f"{run.name}: run_stop success but no evaluation reached {target}")
 
 
-def derive_point(repo_dir: str, cores: int) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class SsdBlock:
+  epoch: int             # its eval_start's epoch_num
+  stop: float            # block_stop
+  score: float | None    # the mAP logged for its epoch (None: not in the run)
+  scored: float | None   # when
+
+
+def ssd_blocks(run: v06.Run) -> list[SsdBlock]:
+  """Each block's eval epoch, block_stop and score, in order (module docstring)."""
+  scores = {int(e.metadata["epoch_num"]): (float(e.value), e.time)
+            for e in run.of("eval_accuracy")}
+  blocks, epoch = [], None
+  for e in run.events:
+    if e.key == "eval_start":
+      epoch = int(e.metadata["epoch_num"])
+    elif e.key == "block_stop" and epoch is not None:
+      score, scored = scores.get(epoch, (None, None))
+      blocks.append(SsdBlock(epoch, e.time, score, scored))
+      epoch = None
+  return blocks
+
+
+def ssd_convergence(run: v06.Run, iterations: int, batch: int, images: int,
+                    target: float = v06.TARGETS["ssd"]) -> v06.Convergence | None:
+  """The evaluation that reached the target (None if the run did not succeed); evaluation k
+  follows k x iterations steps and is logged at epoch (k x iterations) // (images // batch)."""
+  if not run.success:
+    return None
+  for k, b in enumerate(ssd_blocks(run), 1):
+    expected = k * iterations // (images // batch)
+    if b.epoch != expected:
+      raise InputError(f"{run.name}: evaluation {k} logged epoch {b.epoch}, the runner's loop "
+                       f"gives {expected}")
+    if b.score is not None and b.score >= target:
+      return v06.Convergence(b.epoch, k, k * iterations)
+  raise InputError(f"{run.name}: run_stop success but no scored evaluation reached {target}")
+
+
+def ssd_timing(runs: Sequence[v06.Run], iterations: int, eval_share: float,
+               target: float = v06.TARGETS["ssd"]) -> dict[str, float]:
+  """Seconds and milliseconds of an SSD point (module docstring); `eval_share`: a prediction's
+  device time in training steps (`google_v06._eval_equivalent`)."""
+  segments, startups, scoring, tails = [], [], [], []
+  for run in runs:
+    blocks = ssd_blocks(run)
+    if len(blocks) < 3:
+      raise InputError(f"{run.name}: fewer than 3 evaluations")
+    segment = statistics.median(b.stop - a.stop for a, b in zip(blocks, blocks[1:]))
+    segments.append(segment)
+    startups.append(blocks[0].stop - run.start - segment)
+    scoring += [b.scored - b.stop for b in blocks if b.scored is not None]
+    if run.success:
+      done = [b for b in blocks if b.score is not None and b.score >= target]
+      if done:
+        tails.append(run.stop - done[0].stop)
+  segment = statistics.median(segments)
+  step = segment / (iterations + eval_share)
+  return {"train_step_ms": 1e3 * step, "loop_step_ms": 1e3 * segment / iterations,
+          "eval_on_device_s": segment - iterations * step,
+          "host_scoring_s": v06._mean(scoring, "scored evaluations"),
+          "startup_s": statistics.mean(startups), "tail_s": v06._mean(tails, "converged runs")}
+
+
+def derive_point(repo_dir: str, cores: int, benchmark: str = "resnet") -> dict[str, Any]:
   """One point's figures (unrounded), read from the checkout at repo_dir."""
-  system, benchmark = f"tpu-v4-{cores}", "resnet"
+  system = f"tpu-v4-{cores}"
   google = os.path.join(repo_dir, "Google")
   results = os.path.join(google, "results", f"{system}-TF", benchmark)
   script = os.path.join(google, "benchmarks", benchmark, f"{system}-TF", "run_and_time.sh")
   impl = os.path.join(google, "benchmarks", benchmark, "implementations",
-                      f"resnet-research-TF-{system}")
+                      f"{benchmark}-research-TF-{system}")
   if not os.path.isdir(results):
     raise InputError(f"no folder {results}")
   names = sorted((n for n in os.listdir(results) if re.fullmatch(r"result_\d+\.txt", n)),
@@ -137,15 +223,21 @@ def derive_point(repo_dir: str, cores: int) -> dict[str, Any]:
   if not isinstance(iterations, int) or iterations <= 0:
     raise InputError(f"{script}: no --iterations_per_loop")
   eval_batch = flags.get("eval_batch_size", batch)
-  images = hparams.get("train_samples", 1281167)
-  conv = [resnet_convergence(r, iterations, batch, images) for r in runs]
-  measured = v06.resnet_timing(runs, iterations, batch, eval_batch,
-                               hparams.get("eval_samples", 50000), blocks_of=resnet_blocks)
+  if benchmark == "resnet":
+    images = hparams.get("train_samples", 1281167)
+    conv = [resnet_convergence(r, iterations, batch, images) for r in runs]
+    measured = v06.resnet_timing(runs, iterations, batch, eval_batch,
+                                 hparams.get("eval_samples", 50000), blocks_of=resnet_blocks)
+  else:
+    images = hparams.get("train_samples", 118287)
+    conv = [ssd_convergence(r, iterations, batch, images) for r in runs]
+    measured = ssd_timing(runs, iterations, v06._eval_equivalent(
+        hparams.get("eval_samples", 5000), eval_batch, batch))
   done = [c for c in conv if c is not None]
   if not done:
     raise InputError(f"{system}/{benchmark}: no successful run")
   sources = [v06._rel(repo_dir, results) + "/", v06._rel(repo_dir, script)]
-  sources += [v06._rel(repo_dir, os.path.join(impl, f)) for f in RUNNER]
+  sources += [v06._rel(repo_dir, os.path.join(impl, f)) for f in RUNNERS[benchmark]]
   return {
       "benchmark": benchmark, "chips": cores // 2, "system": system,
       "topology": TOPOLOGIES[cores],
@@ -157,58 +249,29 @@ def derive_point(repo_dir: str, cores: int) -> dict[str, Any]:
       "converged_epochs": statistics.mean(c.epoch for c in done),
       "train_steps": statistics.mean(c.train_steps for c in done),
       "evaluations": statistics.mean(c.evaluations for c in done),
-      "measured": {**measured, "method": METHOD},
+      "measured": {**measured, "method": METHODS[benchmark]},
       "sources": sources,
   }
 
 
 def derive(repo_dir: str, commit: str | None = None) -> dict[str, Any]:
   """Every point's figures, unrounded, as a JSON-able dict (InputError on bad input)."""
-  if not os.path.isdir(repo_dir):
-    raise InputError(f"no directory {repo_dir}")
-  for sub in ("results", "benchmarks"):
-    if not os.path.isdir(os.path.join(repo_dir, "Google", sub)):
-      raise InputError(f"{repo_dir} is not a training_results_v0.7 checkout: no Google/{sub}")
-  if commit is not None and not re.fullmatch(r"[0-9a-fA-F]{7,40}", commit):
-    raise InputError(f"--commit {commit!r} is not a hex commit id")
-  derived_by = f"python -m tools.pod.google_v07 --repo={repo_dir}"
-  if commit:
-    derived_by += f" --commit={commit}"
+  source = v06.checked_source(repo_dir, commit, REPOSITORY, "tools.pod.google_v07")
   found = []
-  for cores in CORES:
-    try:
-      found.append(derive_point(repo_dir, cores))
-    except (KeyError, TypeError, ZeroDivisionError) as e:     # a marker without its metadata
-      raise InputError(f"tpu-v4-{cores}/resnet: unexpected log content "
-                       f"({type(e).__name__}: {e})") from None
-  return {"source": {"repository": REPOSITORY, "commit": commit, "derived_by": derived_by},
-          "points": found}
+  for benchmark in BENCHMARKS:
+    for cores in CORES:
+      try:
+        found.append(derive_point(repo_dir, cores, benchmark))
+      except (KeyError, TypeError, ZeroDivisionError) as e:   # a marker without its metadata
+        raise InputError(f"tpu-v4-{cores}/{benchmark}: unexpected log content "
+                         f"({type(e).__name__}: {e})") from None
+  return {"source": source, "points": found}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  parser = v06._Parser(prog="python -m tools.pod.google_v07",
-                       description="Google's MLPerf v0.7 TPU-v4 ResNet points, from their logs, "
-                                   "as JSON.")
-  parser.add_argument("--repo", required=True,
-                      help="checkout of mlcommons/training_results_v0.7 (its Google folder)")
-  parser.add_argument("--commit", help="the checkout's commit, recorded in the output")
-  parser.add_argument("--output", help="JSON file to write (default stdout)")
-  parser.add_argument("--points", help="also write the points file of `./run.sh scale` "
-                      "(tools.pod.points.from_google_v07) here")
-  try:
-    args = parser.parse_args(argv)
-    derived = v06.rounded(derive(args.repo, args.commit))
-    text = json.dumps(derived, indent=1) + "\n"
-    if args.output:
-      v06._write(args.output, text)
-    elif not args.points:
-      sys.stdout.write(text)
-    if args.points:
-      v06._write(args.points, json.dumps(points.from_google_v07(derived), indent=1) + "\n")
-  except InputError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
-  return 0
+  return v06.run_main(argv, "tools.pod.google_v07", "Google's MLPerf v0.7 TPU-v4 ResNet and "
+                      "SSD points, from their logs, as JSON.", REPOSITORY, derive,
+                      points.from_google_v07)
 
 
 if __name__ == "__main__":

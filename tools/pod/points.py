@@ -313,28 +313,31 @@ def _transformer(d: dict[str, Any]) -> dict[str, Any]:
 _GOOGLE = {"resnet": _resnet, "ssd": _ssd, "transformer": _transformer}
 
 
+def _google_point(d: dict[str, Any], built: dict[str, Any], name: str, preset: str,
+                  repo: str) -> dict[str, Any]:
+  """One point of a points file from a derived point `d` of Google's logs and its config
+  (`built`: mesh, global_batch_size, overrides, notes)."""
+  m = d["measured"]
+  return {
+      "name": name, "benchmark": d["benchmark"], "preset": preset, "topology": d["topology"],
+      "mesh": built["mesh"], "global_batch_size": built["global_batch_size"],
+      "overrides": built["overrides"], "train_steps": d["train_steps"],
+      "evaluations": d["evaluations"],
+      "host": {"startup_s": m["startup_s"], "final_scoring_s": m["tail_s"]},
+      "published_minutes": d["published_minutes"], "measured": m, "notes": built["notes"],
+      "source": [repo + s for s in d["sources"]],
+      "facts": {"system": d["system"], "logs": d["logs"], "epochs_per_log": d["epochs_per_log"],
+                "converged_epochs": d["converged_epochs"], "hparams": d["hparams"],
+                "run_and_time": d["run_and_time"]}}
+
+
 def from_google(derived: dict[str, Any]) -> dict[str, Any]:
   """The points file of Google's submissions from `tools.pod.google_v06.derive`'s
   figures: each point's config over the benchmark's tpu-v3-2048 preset, the steps and
   evaluations of its logs, the host terms they measured and every measured figure."""
-  commit = derived["source"].get("commit") or "master"
-  repo = REPO.replace("master", commit)
-  points = []
-  for d in derived["points"]:
-    built = _GOOGLE[d["benchmark"]](d)
-    m = d["measured"]
-    points.append({
-        "name": f"{d['benchmark']}-{d['chips']}", "benchmark": d["benchmark"],
-        "preset": PRESET, "topology": d["topology"], "mesh": built["mesh"],
-        "global_batch_size": built["global_batch_size"], "overrides": built["overrides"],
-        "train_steps": d["train_steps"], "evaluations": d["evaluations"],
-        "host": {"startup_s": m["startup_s"], "final_scoring_s": m["tail_s"]},
-        "published_minutes": d["published_minutes"], "measured": m,
-        "notes": built["notes"],
-        "source": [repo + s for s in d["sources"]],
-        "facts": {"system": d["system"], "logs": d["logs"], "epochs_per_log": d["epochs_per_log"],
-                  "converged_epochs": d["converged_epochs"], "hparams": d["hparams"],
-                  "run_and_time": d["run_and_time"]}})
+  repo = REPO.replace("master", derived["source"].get("commit") or "master")
+  points = [_google_point(d, _GOOGLE[d["benchmark"]](d), f"{d['benchmark']}-{d['chips']}",
+                         PRESET, repo) for d in derived["points"]]
   return {"about": "Google's MLPerf v0.6 closed-division TPU-v3 submissions (16 to 1024 chips), "
                    "from their result logs, command lines and runners: " + derived["source"]
                    ["derived_by"], "source": derived["source"], "points": points}
@@ -346,7 +349,7 @@ def mape(pairs) -> float | None:
   return 100 * statistics.mean(errors) if errors else None
 
 
-# --- Google's MLPerf v0.7 TPU-v4 ResNet submissions, from their logs ------------------------------
+# --- Google's MLPerf v0.7 TPU-v4 ResNet and SSD submissions, from their logs ----------------------
 
 REPO_V07 = "https://github.com/mlcommons/training_results_v0.7/tree/master/"
 PRESET_V4 = "tpu-v4-128"
@@ -374,27 +377,43 @@ def _resnet_v07(d: dict[str, Any]) -> dict[str, Any]:
                    f"loop's device program"}
 
 
+def _ssd_v07(d: dict[str, Any]) -> dict[str, Any]:
+  # Google's epochs are of its logged train_samples (118,287 images) and its lr drops in them
+  # (logged, or run_and_time.sh's --hparams first/second_lr_drop_epoch); the points give
+  # meshperf's epochs of COCO's 117,266 annotated images: steps / meshperf's steps per epoch.
+  h, f = d["hparams"], d["run_and_time"]
+  batch = d["global_batch_size"]
+  per_epoch = _COCO_TRAIN // batch
+  google_epoch = h["train_samples"] / batch
+  hp = f.get("hparams") or {}
+  drops = h.get("opt_learning_rate_decay_boundary_epochs") or [
+      hp.get("first_lr_drop_epoch", 40), hp.get("second_lr_drop_epoch", 50)]
+  every = f["iterations_per_loop"]
+  evals = [k * every for k in range(1, round(d["evaluations"]) + 1)]
+  return {"mesh": "data:-1", "global_batch_size": batch,
+          "overrides": {
+              "eval_batch_size": f.get("eval_batch_size", batch), "bn_span": d["model_bn_span"],
+              "base_learning_rate": h["opt_base_learning_rate"],
+              "warmup_steps": h["opt_learning_rate_warmup_steps"], "warmup_factor": 0.0,
+              "decay_epochs": [round(e * google_epoch / per_epoch) for e in drops],
+              "weight_decay": h["opt_weight_decay"],
+              "max_epochs": round(d["train_steps"] / per_epoch),
+              "eval_epochs": [round(s / per_epoch) for s in evals[:-1]]},
+          "notes": f"{f['num_shards']} replicas ({f['num_shards'] // d['chips']} a chip); "
+                   f"predictions on the device every {every} steps inside the training program; "
+                   f"COCO scoring on host processes while training goes on, except the "
+                   f"converged one's"}
+
+
+_GOOGLE_V07 = {"resnet": _resnet_v07, "ssd": _ssd_v07}
+
+
 def from_google_v07(derived: dict[str, Any]) -> dict[str, Any]:
-  """The points file of Google's v0.7 TPU-v4 ResNet submissions from
-  `tools.pod.google_v07.derive`'s figures, over the ResNet `tpu-v4-128` preset."""
-  commit = derived["source"].get("commit") or "master"
-  repo = REPO_V07.replace("master", commit)
-  out = []
-  for d in derived["points"]:
-    built = _resnet_v07(d)
-    m = d["measured"]
-    out.append({
-        "name": f"{d['benchmark']}-v4-{d['chips']}", "benchmark": d["benchmark"],
-        "preset": PRESET_V4, "topology": d["topology"], "mesh": built["mesh"],
-        "global_batch_size": built["global_batch_size"], "overrides": built["overrides"],
-        "train_steps": d["train_steps"], "evaluations": d["evaluations"],
-        "host": {"startup_s": m["startup_s"], "final_scoring_s": m["tail_s"]},
-        "published_minutes": d["published_minutes"], "measured": m,
-        "notes": built["notes"],
-        "source": [repo + s for s in d["sources"]],
-        "facts": {"system": d["system"], "logs": d["logs"], "epochs_per_log": d["epochs_per_log"],
-                  "converged_epochs": d["converged_epochs"], "hparams": d["hparams"],
-                  "run_and_time": d["run_and_time"]}})
-  return {"about": "Google's MLPerf v0.7 closed-division TPU-v4 ResNet-50 submissions (8, 64 and "
-                   "256 chips), from their result logs, command lines and runners: "
+  """The points file of Google's v0.7 TPU-v4 ResNet and SSD submissions from
+  `tools.pod.google_v07.derive`'s figures, over each benchmark's `tpu-v4-128` preset."""
+  repo = REPO_V07.replace("master", derived["source"].get("commit") or "master")
+  out = [_google_point(d, _GOOGLE_V07[d["benchmark"]](d), f"{d['benchmark']}-v4-{d['chips']}",
+                       PRESET_V4, repo) for d in derived["points"]]
+  return {"about": "Google's MLPerf v0.7 closed-division TPU-v4 ResNet-50 and SSD submissions (8, "
+                   "64 and 256 chips), from their result logs, command lines and runners: "
                    + derived["source"]["derived_by"], "source": derived["source"], "points": out}
