@@ -75,6 +75,13 @@ DROPOUT_RNG = ("threefry", "rbg")
 # `dot_product_attention` casts the logits to float32 only under float16 activations
 # (`common_attention.maybe_upcast`), so with bfloat16 ones its softmax ran in bfloat16.
 SOFTMAX = ("float32", "compute")
+# The backward pass of the stem's 3x3 max pool (`--pool_backward`, ResNet and SSD): `xla`, XLA's
+# select-and-scatter (jax's reduce_window transpose); `index`, `convnet.max_pool_3x3`'s, which
+# saves which of the 9 window positions won (int8) and places the gradient by 9 dilated pads.
+# The same values and gradients; `index` is the GPU presets' (fewer bytes through XLA's GPU
+# compiler), `xla` the TPU's (the TPU compiler's select-and-scatter is the cheaper there:
+# docs/gpu.md and docs/pod.md give both).
+POOL_BACKWARDS = ("xla", "index")
 def _kind(value: Any) -> str | None:
   """What a config value is, as overrides must match it: None for a field without a value."""
   if value is None:
@@ -177,6 +184,12 @@ def check_softmax(c) -> None:
   if c.softmax_dtype == "compute" and c.attention == "cudnn":
     raise UserError("--softmax_dtype=compute is jax's attention's (--attention=xla); cuDNN's "
                     "fused kernel keeps its own: pass --softmax_dtype=float32")
+
+
+def check_pool_backward(c) -> None:
+  if c.pool_backward not in POOL_BACKWARDS:
+    raise UserError(f"--pool_backward={c.pool_backward}: choose one of "
+                    f"{', '.join(POOL_BACKWARDS)} (index for NVIDIA GPUs, xla elsewhere)")
 
 
 def check_dropout_rng(c) -> None:

@@ -67,10 +67,12 @@ def test_ohwi_convolution_is_flax_conv(kernel, strides, padding, bias):
 
 
 def test_resnet_with_ohwi_kernels_is_the_hwio_resnet():
-  """The whole model (stem, bottleneck blocks, projections) with --kernel_layout=OHWI: the same
+  """The whole model (stem, bottleneck blocks, projections) with the GPU presets' choices
+  (--kernel_layout=OHWI, --pool_backward=index) against the TPU's (HWIO, XLA's pool): the same
   parameters, transposed, the same loss and gradients in float32."""
   x = jnp.asarray(np.random.default_rng(1).standard_normal((4, 32, 32, 3)), jnp.float32)
-  models = [ResNet(14, 4, 10, 2, jnp.float32, layout) for layout in ("HWIO", "OHWI")]
+  models = [ResNet(14, 4, 10, 2, jnp.float32, "HWIO", 0, "xla"),
+            ResNet(14, 4, 10, 2, jnp.float32, "OHWI", 0, "index")]
   init = [nn.meta.unbox(m.init(jax.random.PRNGKey(0), x, train=False)) for m in models]
   np.testing.assert_equal(jax.tree.map(np.asarray, to_hwio(init[1]["params"], "OHWI")),
                           jax.tree.map(np.asarray, init[0]["params"]))

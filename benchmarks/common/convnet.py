@@ -317,13 +317,15 @@ def conv(x, features: int, kernel: int, strides: int = 1, name: str | None = Non
 
 
 def stem(x, width: int, bn_span, dtype, train: bool, layout: str = "HWIO",
-         stat_groups: int = 0):
+         stat_groups: int = 0, pool_backward: str = "xla"):
   """conv1 (7x7, stride 2) "stem", batch norm, ReLU, 3x3 stride-2 max pool; called inside a
-  compact module, whose parameters it names ("stem", "BatchNorm_0")."""
+  compact module, whose parameters it names ("stem", "BatchNorm_0"). `pool_backward`:
+  `benchmarks.config.POOL_BACKWARDS`."""
   x = conv(x, width, 7, 2, name="stem", dtype=dtype, layout=layout)
   x = nn.relu(BatchNorm(bn_span, dtype=dtype, stat_groups=stat_groups)(x, train))
-  if splits(x, ACT, SPATIAL_DIMS):
-    # Split over height or width (spatial partitioning): XLA's SPMD partitioner exchanges the
+  if pool_backward == "xla" or splits(x, ACT, SPATIAL_DIMS):
+    # XLA's reduce-window, whose transpose is its select-and-scatter. Also where the image is
+    # split over height or width (spatial partitioning): XLA's SPMD partitioner exchanges the
     # pooling window's halo for its own reduce-window, not for max_pool_3x3's strided views.
     x = nn.max_pool(x, (3, 3), (2, 2), padding=((1, 1), (1, 1)))
   else:

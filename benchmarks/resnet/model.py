@@ -26,13 +26,14 @@ class ResNet(nn.Module):
   dtype: Any = jnp.float32
   kernel_layout: str = "HWIO"       # convolution kernels: HWIO or OHWI (weights.KERNEL_LAYOUTS)
   bn_stat_groups: int = 0           # batch norm's running statistics per group (BatchNorm)
+  pool_backward: str = "xla"        # the stem pool's backward pass (config.POOL_BACKWARDS)
 
   @nn.compact
   def __call__(self, x, train: bool):
     stages, bottleneck = STAGES[self.depth]
     x = constrain(x.astype(self.dtype), ("batch", "height", "width", None))  # RGB: not split
     x = stem(x, self.width, self.bn_span, self.dtype, train, self.kernel_layout,
-             self.bn_stat_groups)
+             self.bn_stat_groups, self.pool_backward)
     for i, blocks in enumerate(stages):
       for j in range(blocks):
         x = Block(self.width * 2**i, 2 if (i > 0 and j == 0) else 1, bottleneck, self.bn_span,

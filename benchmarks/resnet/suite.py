@@ -157,7 +157,8 @@ def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int
   bn_span = cfg.bn_span or max(1, cfg.global_batch_size // replicas)
   model = ResNet(cfg.model_depth, cfg.model_width, cfg.num_classes, bn_span, dtype,
                  cfg.kernel_layout,
-                 stat_groups(cfg.bn_group_stats, cfg.global_batch_size, bn_span, replicas))
+                 stat_groups(cfg.bn_group_stats, cfg.global_batch_size, bn_span, replicas),
+                 cfg.pool_backward)
   eval_model = model.clone(bn_span=None)
   lr, _, decay = schedule(cfg, data.steps_per_epoch)
 

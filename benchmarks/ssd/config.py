@@ -6,7 +6,14 @@ import dataclasses
 
 from benchmarks.common import weights
 from benchmarks.common.stages import STAGES
-from benchmarks.config import Common, fraction, non_negative, positive, require
+from benchmarks.config import (
+  Common,
+  check_pool_backward,
+  fraction,
+  non_negative,
+  positive,
+  require,
+)
 from benchmarks.ssd.feature_maps import feature_sizes
 from benchmarks.task import Spec
 from runtime.errors import UserError
@@ -38,6 +45,7 @@ class Config(Common):
   bn_span: int = 0                  # examples per batch-norm group; 0: the per-replica batch
   kernel_layout: str = "HWIO"       # convolution kernels stored HWIO, or OHWI (cuDNN's: GPUs)
   bn_group_stats: bool = False      # running statistics kept per batch-norm group (GPUs)
+  pool_backward: str = "xla"        # the stem pool's backward: xla, or index (GPUs)
   # Loss and detection.
   match_iou: float = 0.5
   negative_ratio: int = 3
@@ -101,7 +109,7 @@ PRESETS = {
         eval_epochs=(40, 50, 55, 60, 65, 70, 75, 80), base_learning_rate=0.003157,
         warmup_steps=642, warmup_factor=0.0, decay_epochs=(44, 55), weight_decay=1.3e-4,
         bn_span=114, target_map=0.23, kernel_layout="OHWI",
-        bn_group_stats=True),
+        bn_group_stats=True, pool_backward="index"),
     # A 64-chip TPU v4 slice (v4:4x4x4), with Google's MLPerf Training v1.0 SSD on the same 64
     # chips (mlcommons/training_results_v1.0, Google/results/tpu-v4-128-TF/ssd/result_0.txt;
     # Google/benchmarks/ssd/implementations/tpu-v4-128-TF/run_and_time.sh): batch 1024, 0.0031
@@ -177,6 +185,7 @@ def validate(c: Config) -> None:
   require(c, ("num_classes",), lambda v: v >= 2, "at least 2 (background and one category)")
   require(c, ("bn_span",), lambda v: v >= 0, "must be >= 0 (0: the per-replica batch)")
   weights.check_kernel_layout(c.kernel_layout)
+  check_pool_backward(c)
   _check_feature_maps(c)
   if c.backbone_checkpoint:
     _check_backbone_checkpoint(c)

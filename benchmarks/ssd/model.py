@@ -42,12 +42,13 @@ class Backbone(nn.Module):
   dtype: Any = jnp.float32
   kernel_layout: str = "HWIO"
   bn_stat_groups: int = 0
+  pool_backward: str = "xla"
 
   @nn.compact
   def __call__(self, x, train: bool):
     stages, bottleneck = STAGES[self.depth]
     x = stem(x, self.width, self.bn_span, self.dtype, train, self.kernel_layout,
-             self.bn_stat_groups)
+             self.bn_stat_groups, self.pool_backward)
     for i, blocks in enumerate(stages[:3]):         # conv2_x .. conv4_x; conv5_x removed
       for j in range(blocks):
         stride = 2 if (i == 1 and j == 0) else 1    # conv4_1 keeps the resolution
@@ -66,6 +67,7 @@ class SSD(nn.Module):
   dtype: Any = jnp.float32
   kernel_layout: str = "HWIO"       # convolution kernels: HWIO or OHWI (weights.KERNEL_LAYOUTS)
   bn_stat_groups: int = 0           # batch norm's running statistics per group (BatchNorm)
+  pool_backward: str = "xla"        # the stem pool's backward pass (config.POOL_BACKWARDS)
 
   @nn.compact
   def __call__(self, image, train: bool):
@@ -75,7 +77,7 @@ class SSD(nn.Module):
     x = normalize_imagenet(image, f)
     x = constrain(x.astype(self.dtype), ("batch", "height", "width", None))
     x = Backbone(self.depth, self.width, self.bn_span, self.dtype, self.kernel_layout,
-                 self.bn_stat_groups, name="Backbone")(x, train)
+                 self.bn_stat_groups, self.pool_backward, name="Backbone")(x, train)
     cv = functools.partial(conv, dtype=self.dtype, layout=self.kernel_layout)
     maps = [x]
     scale = self.width / 64

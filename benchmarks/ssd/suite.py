@@ -43,7 +43,8 @@ def make_model(cfg: Config, bn_span: int | None, replicas: int = 1) -> SSD:
   return SSD(cfg.num_classes, box_lib.boxes_per_cell(cfg.aspect_ratios),
              cfg.extra_blocks, cfg.backbone_depth, cfg.backbone_width,
              bn_span, dtype, cfg.kernel_layout,
-             stat_groups(cfg.bn_group_stats, cfg.global_batch_size, bn_span, replicas))
+             stat_groups(cfg.bn_group_stats, cfg.global_batch_size, bn_span, replicas),
+             cfg.pool_backward)
 
 
 def schedule(cfg: Config, steps_per_epoch: int):
