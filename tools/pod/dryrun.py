@@ -220,6 +220,9 @@ def run(run: Run, say=print) -> dict[str, Any]:
     lines.append(f"  step       {train['model']['step_s'] * 1e3:,.0f} ms modelled"
                  + (f", MFU {summary['prediction']['mfu']:.1%}"
                     if summary["prediction"] and "mfu" in summary["prediction"] else ""))
+  if train and train["model"] and train["model"].get("calibration"):
+    cal = train["model"]["calibration"]
+    lines.append(f"  model      constants: {cal['fitted_on']}; held out: {cal['held_out']}")
   lines.append(f"  init       compiled in {compile_s:.0f} s on this machine"
                + (f", of the {budget}-minute budget ({division})" if budget else
                   f" (ruleset {ruleset} sets no init budget)"))
