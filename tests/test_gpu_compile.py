@@ -62,6 +62,8 @@ def test_the_dry_run_of_the_8b_on_8_h100s_gives_a_verdict(tmp_path):
   assert p.returncode in (0, 1), p.stderr[-3000:]
   verdict = [ln for ln in p.stdout.splitlines() if ln.startswith("verdict")]
   assert verdict, p.stdout[-3000:]
+  assert ("  model      constants: the H200's constants, borrowed: never fitted on this GPU; "
+          "held out: never held against a step measured on this GPU") in p.stdout
   report = json.loads((out / "dryrun.json").read_text())
   assert report["topology"] == "h100:8"
   assert report["summary"]["fits"] is True
