@@ -670,15 +670,21 @@ def checked_source(repo_dir: str, commit: str | None, repository: str, module: s
 def derive(repo_dir: str, commit: str | None = None) -> dict[str, Any]:
   """Every point's figures, unrounded, as a JSON-able dict (InputError on bad input)."""
   source = checked_source(repo_dir, commit, REPOSITORY, "tools.pod.google_v06")
-  points = []
-  for bm in BENCHMARKS:
-    for chips in CHIPS:
-      try:
-        points.append(derive_point(repo_dir, bm, chips))
-      except (KeyError, TypeError, ZeroDivisionError) as e:     # a marker without its metadata
-        raise InputError(f"tpu-v3-{2 * chips}/{bm}: unexpected log content "
-                         f"({type(e).__name__}: {e})") from None
-  return {"source": source, "points": points}
+  return {"source": source, "points": derive_each(
+      (f"tpu-v3-{2 * chips}/{bm}", lambda bm=bm, chips=chips: derive_point(repo_dir, bm, chips))
+      for bm in BENCHMARKS for chips in CHIPS)}
+
+
+def derive_each(jobs) -> list[dict[str, Any]]:
+  """Each (name, job)'s point, in order; a marker without its metadata (KeyError, TypeError,
+  ZeroDivisionError in a job) is bad input naming the point."""
+  out = []
+  for name, job in jobs:
+    try:
+      out.append(job())
+    except (KeyError, TypeError, ZeroDivisionError) as e:
+      raise InputError(f"{name}: unexpected log content ({type(e).__name__}: {e})") from None
+  return out
 
 
 def rounded(value: Any, key: str = "") -> Any:

@@ -257,15 +257,9 @@ def derive_point(repo_dir: str, cores: int, benchmark: str = "resnet") -> dict[s
 def derive(repo_dir: str, commit: str | None = None) -> dict[str, Any]:
   """Every point's figures, unrounded, as a JSON-able dict (InputError on bad input)."""
   source = v06.checked_source(repo_dir, commit, REPOSITORY, "tools.pod.google_v07")
-  found = []
-  for benchmark in BENCHMARKS:
-    for cores in CORES:
-      try:
-        found.append(derive_point(repo_dir, cores, benchmark))
-      except (KeyError, TypeError, ZeroDivisionError) as e:   # a marker without its metadata
-        raise InputError(f"tpu-v4-{cores}/{benchmark}: unexpected log content "
-                         f"({type(e).__name__}: {e})") from None
-  return {"source": source, "points": found}
+  return {"source": source, "points": v06.derive_each(
+      (f"tpu-v4-{cores}/{bm}", lambda bm=bm, cores=cores: derive_point(repo_dir, cores, bm))
+      for bm in BENCHMARKS for cores in CORES)}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
