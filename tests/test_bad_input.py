@@ -617,7 +617,7 @@ CASES = [
      "--dataset=digits at --image_size=5000 (its 1,797 images are held resized) needs"),
     ("main", ["ssd", "--image_size=30000"], "--image_size=30000 with batches of"),
     ("main", ["resnet", "--model_width=2048"],
-     "the compiled train step needs 122.11 GiB per device (arguments 60.95, temporaries"),
+     "the compiled train step needs 122.12 GiB per device (arguments 60.95, temporaries"),
     # --- broken data, found before the expensive part ------------------------------------------
     ("main", ["ssd", *SSD_COCO, "--data_dir={coco_nan_box}"],
      "annotation {nan_annotation} (image"),
