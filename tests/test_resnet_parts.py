@@ -73,7 +73,8 @@ def test_resnet_with_ohwi_kernels_is_the_hwio_resnet():
   x = jnp.asarray(np.random.default_rng(1).standard_normal((4, 16, 16, 3)), jnp.float32)
   models = [ResNet(14, 4, 10, 2, jnp.float32, "HWIO", 0, "xla"),
             ResNet(14, 4, 10, 2, jnp.float32, "OHWI", 0, "index")]
-  init = [nn.meta.unbox(m.init(jax.random.PRNGKey(0), x, train=False)) for m in models]
+  init = [nn.meta.unbox(jax.jit(lambda k, m=m: m.init(k, x, train=False))(jax.random.PRNGKey(0)))
+          for m in models]
   np.testing.assert_equal(jax.tree.map(np.asarray, to_hwio(init[1]["params"], "OHWI")),
                           jax.tree.map(np.asarray, init[0]["params"]))
 
@@ -122,7 +123,8 @@ def test_gpu_presets_model_choices_train_on_cpu(tmp_path, monkeypatch):
   from harness import train
   monkeypatch.setenv("MESHPERF_CACHE", str(tmp_path / "cache"))
   cfg = dataclasses.replace(PRESETS["tiny"], kernel_layout="OHWI", bn_group_stats=True,
-                            target_accuracy=1e-6)
+                            pool_backward="index", target_accuracy=1e-6, dataset="synthetic",
+                            synthetic_examples=64, eval_batch_size=64)
   summary = train.run(runs.local("resnet", cfg, output_dir=str(tmp_path / "run"), quiet=True,
                                  checkpoint_every=1))
   assert summary["steps"] > 0 and summary["final_quality"] is not None
