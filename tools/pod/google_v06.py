@@ -571,23 +571,32 @@ def _rel(repo: str, path: str) -> str:
   return os.path.relpath(path, repo).replace(os.sep, "/")
 
 
-def derive_point(repo_dir: str, benchmark: str, chips: int) -> dict[str, Any]:
-  """One point's figures (unrounded), read from the checkout at repo_dir."""
-  cores = 2 * chips
-  system = f"tpu-v3-{cores}"
-  google = os.path.join(repo_dir, "Google")
-  results = os.path.join(google, "results", system, benchmark)
-  script = os.path.join(google, "benchmarks", benchmark, system, "run_and_time.sh")
-  impl = os.path.join(google, "benchmarks", benchmark, "implementations",
-                      f"{system}-{benchmark}")
+@dataclasses.dataclass(frozen=True)
+class Submission:
+  """One (system, benchmark) Google submitted: its logs read and checked, its command line."""
+  system: str
+  benchmark: str
+  results: str           # the folder of its result_N.txt
+  script: str            # its run_and_time.sh
+  runs: list[Run]
+  flags: dict[str, Any]
+  hparams: dict[str, Any]
+  batch: int
+  iterations: int
+
+
+def read_submission(results: str, script: str, system: str, benchmark: str, logs: int,
+                    parse) -> Submission:
+  """The `logs` result logs in `results` (each parsed by `parse`, one run_start to run_stop,
+  of `system`) and the command line in `script`, with the logged batch and the script's
+  --iterations_per_loop (InputError where any is missing or wrong)."""
   if not os.path.isdir(results):
     raise InputError(f"no folder {results}")
   names = sorted((n for n in os.listdir(results) if re.fullmatch(r"result_\d+\.txt", n)),
                  key=lambda n: int(n[7:-4]))
-  if len(names) != LOGS[benchmark]:
-    raise InputError(f"{len(names) or 'no'} result_N.txt in {results}, Google submitted "
-                     f"{LOGS[benchmark]}")
-  events = [parse_log(_read(os.path.join(results, n))) for n in names]
+  if len(names) != logs:
+    raise InputError(f"{len(names) or 'no'} result_N.txt in {results}, Google submitted {logs}")
+  events = [parse(_read(os.path.join(results, n))) for n in names]
   runs = [to_run(ev, f"{system}/{benchmark}/{n}") for ev, n in zip(events, names)]
   for run, ev in zip(runs, events):
     platform = [e.value for e in ev if e.key == "submission_platform"]
@@ -601,6 +610,48 @@ def derive_point(repo_dir: str, benchmark: str, chips: int) -> dict[str, Any]:
   iterations = flags.get("iterations_per_loop")
   if not isinstance(iterations, int) or iterations <= 0:
     raise InputError(f"{script}: no --iterations_per_loop")
+  return Submission(system, benchmark, results, script, runs, flags, hparams, batch, iterations)
+
+
+def point_figures(sub: Submission, repo_dir: str, impl: str, runner_files: Sequence[str],
+                  conv: Sequence[Convergence | None], measured: dict[str, Any], method: str,
+                  *, chips: int, topology: str, **extra) -> dict[str, Any]:
+  """One point's figures from its runs' convergence and timing (`extra` before `measured`);
+  `measured` may name its own method, else `method`."""
+  done = [c for c in conv if c is not None]
+  if not done:
+    raise InputError(f"{sub.system}/{sub.benchmark}: no successful run")
+  sources = [_rel(repo_dir, sub.results) + "/", _rel(repo_dir, sub.script)]
+  sources += [_rel(repo_dir, os.path.join(impl, f)) for f in runner_files]
+  return {
+      "benchmark": sub.benchmark, "chips": chips, "system": sub.system, "topology": topology,
+      "published_minutes": olympic_mean([r.minutes if r.success else None for r in sub.runs]),
+      "logs": len(sub.runs), "global_batch_size": sub.batch,
+      "model_bn_span": sub.hparams.get("model_bn_span"),
+      "hparams": sub.hparams, "run_and_time": sub.flags,
+      "epochs_per_log": [c.epoch for c in done],
+      "converged_epochs": statistics.mean(c.epoch for c in done),
+      "train_steps": statistics.mean(c.train_steps for c in done),
+      "evaluations": statistics.mean(c.evaluations for c in done),
+      **extra,
+      "measured": {**{k: v for k, v in measured.items() if k != "method"},
+                   "method": measured.get("method", method)},
+      "sources": sources,
+  }
+
+
+def derive_point(repo_dir: str, benchmark: str, chips: int) -> dict[str, Any]:
+  """One point's figures (unrounded), read from the checkout at repo_dir."""
+  cores = 2 * chips
+  system = f"tpu-v3-{cores}"
+  google = os.path.join(repo_dir, "Google")
+  results = os.path.join(google, "results", system, benchmark)
+  script = os.path.join(google, "benchmarks", benchmark, system, "run_and_time.sh")
+  impl = os.path.join(google, "benchmarks", benchmark, "implementations",
+                      f"{system}-{benchmark}")
+  sub = read_submission(results, script, system, benchmark, LOGS[benchmark], parse_log)
+  runs, flags, hparams = sub.runs, sub.flags, sub.hparams
+  batch, iterations = sub.batch, sub.iterations
 
   if benchmark == "resnet":
     eval_batch = flags.get("eval_batch_size", batch)
@@ -626,27 +677,9 @@ def derive_point(repo_dir: str, benchmark: str, chips: int) -> dict[str, Any]:
     conv = [transformer_convergence(r, log, iterations) for r, log in zip(runs, logs)]
     measured = transformer_timing(runs, logs, iterations)
 
-  done = [c for c in conv if c is not None]
-  if not done:
-    raise InputError(f"{system}/{benchmark}: no successful run")
   extra = {"eval_at_steps": schedule} if benchmark == "ssd" else {}
-  sources = [_rel(repo_dir, results) + "/", _rel(repo_dir, script)]
-  sources += [_rel(repo_dir, os.path.join(impl, f)) for f in RUNNERS[benchmark]]
-  return {
-      "benchmark": benchmark, "chips": chips, "system": system, "topology": TOPOLOGIES[chips],
-      "published_minutes": olympic_mean([r.minutes if r.success else None for r in runs]),
-      "logs": len(runs), "global_batch_size": batch,
-      "model_bn_span": hparams.get("model_bn_span"),
-      "hparams": hparams, "run_and_time": flags,
-      "epochs_per_log": [c.epoch for c in done],
-      "converged_epochs": statistics.mean(c.epoch for c in done),
-      "train_steps": statistics.mean(c.train_steps for c in done),
-      "evaluations": statistics.mean(c.evaluations for c in done),
-      **extra,
-      "measured": {**{k: v for k, v in measured.items() if k != "method"},
-                   "method": measured.get("method", METHODS[benchmark])},
-      "sources": sources,
-  }
+  return point_figures(sub, repo_dir, impl, RUNNERS[benchmark], conv, measured,
+                       METHODS[benchmark], chips=chips, topology=TOPOLOGIES[chips], **extra)
 
 
 def checked_source(repo_dir: str, commit: str | None, repository: str, module: str

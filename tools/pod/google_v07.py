@@ -54,7 +54,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import statistics
 import sys
 from collections.abc import Sequence
@@ -202,26 +201,9 @@ def derive_point(repo_dir: str, cores: int, benchmark: str = "resnet") -> dict[s
   script = os.path.join(google, "benchmarks", benchmark, f"{system}-TF", "run_and_time.sh")
   impl = os.path.join(google, "benchmarks", benchmark, "implementations",
                       f"{benchmark}-research-TF-{system}")
-  if not os.path.isdir(results):
-    raise InputError(f"no folder {results}")
-  names = sorted((n for n in os.listdir(results) if re.fullmatch(r"result_\d+\.txt", n)),
-                 key=lambda n: int(n[7:-4]))
-  if len(names) != LOGS:
-    raise InputError(f"{len(names) or 'no'} result_N.txt in {results}, Google submitted {LOGS}")
-  events = [parse_log(v06._read(os.path.join(results, n))) for n in names]
-  runs = [v06.to_run(ev, f"{system}/{benchmark}/{n}") for ev, n in zip(events, names)]
-  for run, ev in zip(runs, events):
-    platform = [e.value for e in ev if e.key == "submission_platform"]
-    if platform and platform[0] != system:
-      raise InputError(f"{run.name}: submission_platform {platform[0]!r}")
-  flags = v06.parse_run_and_time(v06._read(script))
-  hparams = v06.logged_hparams(events)
-  batch = hparams.get("global_batch_size")
-  if not isinstance(batch, int):
-    raise InputError(f"{system}/{benchmark}: global_batch_size logged as {batch!r}")
-  iterations = flags.get("iterations_per_loop")
-  if not isinstance(iterations, int) or iterations <= 0:
-    raise InputError(f"{script}: no --iterations_per_loop")
+  sub = v06.read_submission(results, script, system, benchmark, LOGS, parse_log)
+  runs, flags, hparams, batch, iterations = (sub.runs, sub.flags, sub.hparams, sub.batch,
+                                             sub.iterations)
   eval_batch = flags.get("eval_batch_size", batch)
   if benchmark == "resnet":
     images = hparams.get("train_samples", 1281167)
@@ -233,25 +215,8 @@ def derive_point(repo_dir: str, cores: int, benchmark: str = "resnet") -> dict[s
     conv = [ssd_convergence(r, iterations, batch, images) for r in runs]
     measured = ssd_timing(runs, iterations, v06._eval_equivalent(
         hparams.get("eval_samples", 5000), eval_batch, batch))
-  done = [c for c in conv if c is not None]
-  if not done:
-    raise InputError(f"{system}/{benchmark}: no successful run")
-  sources = [v06._rel(repo_dir, results) + "/", v06._rel(repo_dir, script)]
-  sources += [v06._rel(repo_dir, os.path.join(impl, f)) for f in RUNNERS[benchmark]]
-  return {
-      "benchmark": benchmark, "chips": cores // 2, "system": system,
-      "topology": TOPOLOGIES[cores],
-      "published_minutes": v06.olympic_mean([r.minutes if r.success else None for r in runs]),
-      "logs": len(runs), "global_batch_size": batch,
-      "model_bn_span": hparams.get("model_bn_span"),
-      "hparams": hparams, "run_and_time": flags,
-      "epochs_per_log": [c.epoch for c in done],
-      "converged_epochs": statistics.mean(c.epoch for c in done),
-      "train_steps": statistics.mean(c.train_steps for c in done),
-      "evaluations": statistics.mean(c.evaluations for c in done),
-      "measured": {**measured, "method": METHODS[benchmark]},
-      "sources": sources,
-  }
+  return v06.point_figures(sub, repo_dir, impl, RUNNERS[benchmark], conv, measured,
+                           METHODS[benchmark], chips=cores // 2, topology=TOPOLOGIES[cores])
 
 
 def derive(repo_dir: str, commit: str | None = None) -> dict[str, Any]:
