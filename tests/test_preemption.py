@@ -529,20 +529,22 @@ def test_a_read_only_checkpoint_folder_on_resume_ends_with_status_7(baseline, tm
 @pytest.mark.slow
 def test_a_full_disk_is_one_line_and_status_7(tmp_path):
   """A real write error mid-run (a 2 MiB file-size limit on the process, below one checkpoint
-  of this ResNet-10, above its logs: EFBIG, as a full disk gives ENOSPC): status 7 and one
-  line, none of orbax's and tensorstore's error logs and tracebacks; summary.json agrees."""
+  of this ResNet-10, above its logs: EFBIG, as a full disk gives ENOSPC) in the first save
+  (2 steps an epoch; asynchronous, so it fails where the second epoch's save waits for it):
+  status 7 and one line, none of orbax's and tensorstore's error logs and tracebacks;
+  summary.json agrees."""
   import shlex
   out = tmp_path / "run"
   run = [sys.executable, "-m", "harness.main", "resnet", "--model_depth=10",
          "--model_width=32", "--image_size=32",
-         "--dataset=synthetic", "--synthetic_examples=640", "--global_batch_size=64",
+         "--dataset=synthetic", "--synthetic_examples=128", "--global_batch_size=64",
          "--eval_batch_size=64", "--max_epochs=3", "--checkpoint_every=1", f"--output_dir={out}"]
   p = subprocess.run(["bash", "-c", "ulimit -f 2048 && exec " + shlex.join(run)], cwd=ROOT,
                      capture_output=True, text=True, timeout=600, check=False)
   assert p.returncode == 7, p.stderr[-3000:]
   lines = [line for line in p.stderr.splitlines() if line.strip()]
   assert len(lines) == 1 and lines[0].startswith(
-      "error: could not write the checkpoint of step 10 to "), p.stderr[-3000:]
+      "error: could not write the checkpoint of step 2 to "), p.stderr[-3000:]
   assert "no earlier checkpoint; free space" in lines[0]
   s = _summary(out)
   assert s["ending"] == "checkpoint_failed" and s["exit_status"] == 7
