@@ -184,10 +184,9 @@ def test_nan_loss_stops_within_the_check_window(tmp_path):
 @pytest.mark.slow
 def test_overwrite_starts_clean_and_run_indices_do_not_collide(baseline, tmp_path):
   out = tmp_path / "run"
-  args = ["--max_epochs=1", f"--output_dir={out}"]
-  rc, _, err = _run(*args)
-  assert rc == 1, err[-2000:]
+  shutil.copytree(baseline[0], out)           # run 0: the uninterrupted run's folder
   first = _summary(out)
+  args = ["--max_epochs=1", f"--output_dir={out}"]
   rc, _, err = _run(*args, "--run_index=1")
   assert rc == 1, err[-2000:]
   assert (out / "summary_1.json").exists() and (out / "checkpoints_1").is_dir()
