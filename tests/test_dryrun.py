@@ -127,8 +127,8 @@ def test_the_8b_on_v5p_passes(tmp_path):
   assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
   print(p.stdout)
   assert "the RCP at global batch 32" in p.stdout
-  assert ("  model      constants: nothing: the physical figures; held out: never held against "
-          "a measured step") in p.stdout                       # v5p: no step measured
+  assert ("  model      constants: nothing: the physical figures (no overhead, the full HBM "
+          "bandwidth); held out: never held against a measured step") in p.stdout  # v5p: none
   assert p.stdout.strip().splitlines()[-1] == "verdict: PASS"
 
 
