@@ -145,7 +145,9 @@ GENERATIONS: dict[str, Generation] = {
             fitted_on="resnet-16 and resnet-1024, Google's MLPerf v0.6 measured steps",
             points=("resnet-16", "resnet-1024"),
             held_out=("ResNet-50's four other v0.6 slices 0.87-0.98 of Google's steps; SSD "
-                      "0.63-0.89 and the Transformer 0.80-1.50, whose programs differ more "
+                      "0.63-0.89 on the device alone, its steps being Google's hosts' input "
+                      "pipelines' (their line, fitted on two, puts the four others at "
+                      "1.03-1.08); the Transformer 0.80-1.50, whose program differs more "
                       "(docs/pod.md)"))),
     "v4": Generation(
         # JAX on a v4 VM shows one device per chip (megacore; Cloud v4 docs); libtpu's
@@ -173,8 +175,9 @@ GENERATIONS: dict[str, Generation] = {
             fitted_on="nothing: the physical figures (a fit on Google's v0.7 ResNet steps at 8 "
                       "and 256 chips lands on them)",
             held_out=("Google's v0.7 steps: ResNet-50 1.00-1.17x at 8, 64 and 256 chips; SSD "
-                      "0.66-1.03x, where Google's hosts' input pipelines bounded its steps "
-                      "(docs/pod.md)"))),
+                      "0.66-1.03x on the device alone, its steps being Google's hosts' input "
+                      "pipelines' (their line, fitted on two, puts the third at 0.97x; "
+                      "docs/pod.md)"))),
     "v5e": Generation(
         name="v5e", device_kind="TPU v5 lite", cloud_name="v5litepod",
         cores_per_chip=1, megacore_default=False,

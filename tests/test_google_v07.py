@@ -187,6 +187,9 @@ def test_points_file_is_what_scale_reads(repo, tmp_path):
   assert s.overrides["decay_epochs"] == [round(e * S_IMAGES / 2048 / (117266 // 2048))
                                          for e in (40, 50)]
   assert s.overrides["max_epochs"] == round(10 * 289 / (117266 // 2048))
+  # one input pipeline per 8 replicas (the runner's --replicas_per_host default)
+  assert s.host["input_hosts"] == s.facts["run_and_time"]["num_shards"] // 8
+  assert s.images_per_host == 2048 / s.host["input_hosts"]
   p = loaded["resnet-v4-64"]
   assert p.preset == "tpu-v4-128" and p.topology == "v4:4x4x4"
   assert p.overrides["global_batch_size"] == 8192 and p.overrides["eval_every"] == 4

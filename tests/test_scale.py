@@ -13,7 +13,9 @@ import pytest
 
 from harness import compile_cache
 from mesh.spec import parse_layout, parse_mesh
+from runtime.errors import UserError
 from stepmodel import accelerators, steptime
+from stepmodel import host as host_model
 from tools.pod import points, scale
 
 # MLPerf Training v0.6 results, Google's TPU-v3 closed-division entries (olympic means, minutes;
@@ -78,7 +80,11 @@ def test_point_figures_hang_together(point):
   # A measured train step is what the model is compared with; the host terms are measured too.
   m = point.measured
   assert 0 < m["train_step_ms"] <= m["loop_step_ms"]
-  assert point.host == {"startup_s": m["startup_s"], "final_scoring_s": m["tail_s"]}
+  assert {k: point.host[k] for k in points.HOST_TERMS} == {"startup_s": m["startup_s"],
+                                                           "final_scoring_s": m["tail_s"]}
+  # SSD's runs, one input pipeline per 4-chip host (ssd_main.py: PER_HOST_V2)
+  assert point.host.get(points.INPUT_HOSTS) == (point.chips // 4 if point.benchmark == "ssd"
+                                                 else None)
   assert all(s.startswith("https://github.com/mlcommons/training_results_v0.6/")
              for s in point.source)
 
@@ -294,3 +300,60 @@ def test_fit_finds_the_constants_behind_steps_it_made(tmp_path):
   assert got.kernel_overhead_s == pytest.approx(3e-6, rel=0.05)
   assert got.hbm_efficiency == pytest.approx(0.75, rel=0.02)
   assert got.points == ("a", "b") and "made" in got.fitted_on
+
+
+def test_the_hosts_floor_the_step_on_a_line_fitted_on_two_points(tmp_path):
+  """Google's v0.6 SSD points each say how many hosts feed them; the hosts' line (fixed +
+  per image x images a host, `stepmodel.host`) is fitted on ssd-16 (256 images a host) and
+  ssd-128 (32), and floors a device step of 5 ms at every point: the fitted points come back
+  measured, the held-out ssd-64 (64 a host) lands on the line, and only it counts as held out."""
+  chosen = [p for p in ALL if p.name in ("ssd-16", "ssd-64", "ssd-128")]
+  fit_on = [p for p in chosen if p.name != "ssd-64"]
+  compiled, _ = _stand_in(5.0, 10.0)
+  said = []
+  rows = scale.run(chosen, str(tmp_path), None, "", compiled=compiled, say=said.append,
+                   host_fit_on=fit_on)["ssd"]
+  by = {r["point"]["name"]: r["prediction"] for r in rows}
+  (x1, y1), (x2, y2) = [(p.images_per_host, p.measured_step_ms) for p in fit_on]
+  assert (x1, x2) == (256, 32)
+  slope = (y1 - y2) / (x1 - x2)
+  for name in ("ssd-16", "ssd-128"):
+    assert by[name]["modelled_step_ms"] == pytest.approx(by[name]["measured_step_ms"])
+    assert by[name]["host_fitted"] and by[name]["fitted"] and not by[name]["device_fitted"]
+  held = by["ssd-64"]
+  assert held["modelled_step_ms"] == pytest.approx(y2 + slope * (64 - 32))
+  assert held["bound"] == "host" and not held["fitted"]
+  assert held["modelled_device_step_ms"] == pytest.approx(_modelled_ms(5.0))
+  assert held["host_input"]["images_per_host"] == 64
+  # MFU: the same model FLOPs (1 GFLOP an example on one v3 core) at each step
+  flops = 1e9 * chosen[1].overrides["global_batch_size"] / 61.5e12
+  assert held["modelled_mfu"] == pytest.approx(flops / (held["modelled_step_ms"] / 1e3))
+  assert held["measured_mfu"] == pytest.approx(flops / (held["measured_step_ms"] / 1e3))
+  text = "\n".join(said)
+  assert f"{slope:.3f} ms an image a host" in text
+  assert "MAPE over the 1 held-out points" in text and "host fit" in text
+  out = json.loads((tmp_path / "scale_ssd.json").read_text())
+  assert out["host_fit_on"] == ["ssd-16", "ssd-128"]
+  assert out["mape"]["held_out_step"]["mape_pct"] == pytest.approx(
+      100 * abs(held["modelled_step_ms"] / held["measured_step_ms"] - 1))
+  # A device step above the hosts' line is the step.
+  slow = scale.run([chosen[1]], str(tmp_path), None, "", compiled=_stand_in(500.0, 10.0)[0],
+                   say=lambda s: None, host_fit_on=fit_on)["ssd"][0]["prediction"]
+  assert slow["bound"] == "device"
+  assert slow["modelled_step_ms"] == pytest.approx(_modelled_ms(500.0))
+
+
+def test_a_host_fit_that_cannot_be_made_is_one_line():
+  same = [p for p in ALL if p.name in ("ssd-128", "ssd-256")]          # 32 images a host each
+  with pytest.raises(UserError, match="feed the same images per host"):
+    scale.host_fits(same, same, lambda s: None)
+  with pytest.raises(ValueError, match="do not follow the hosts' share"):
+    host_model.fit([(8, 0.020, "a"), (64, 0.010, "b")])
+  with pytest.raises(UserError, match="resnet-16 does not say how many hosts feed it"):
+    scale.host_fits(ALL, [p for p in ALL if p.name == "resnet-16"], lambda s: None)
+  with pytest.raises(UserError, match="no point named or on ssd-9 chips"):
+    scale._host_fit_set(ALL, "ssd-16,ssd-9")
+  bad = {"name": "x", "benchmark": "ssd", "preset": "tpu-v3-2048", "topology": "v3:4x4",
+         "train_steps": 1, "host": {"input_hosts": 2.5}}
+  with pytest.raises(UserError, match="host.input_hosts' is 2.5, expected a non-negative integer"):
+    points.parse_point(bad, "p")

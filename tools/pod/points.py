@@ -1,8 +1,8 @@
 """Points to predict, as data: `./run.sh scale --points=FILE`.
 
-A points file is JSON: `{"about": "...", "fit_on": "...", "points": [point, ...]}` (`fit_on`
-optional: how `./run.sh scale` fits the file's points by default, as its `--fit_on` takes it),
-each point a run to predict:
+A points file is JSON: `{"about": "...", "fit_on": "...", "host_fit_on": "...", "points":
+[point, ...]}` (`fit_on`, `host_fit_on` optional: how `./run.sh scale` fits the file's points by
+default, as its `--fit_on` and `--host_fit_on` take them), each point a run to predict:
 
   name               unique, e.g. "resnet-16"
   benchmark          a registered benchmark (resnet, transformer, ssd, lm)
@@ -16,7 +16,8 @@ each point a run to predict:
   host               optional: {"startup_s", "final_scoring_s"}: host time inside the
                      timed run that no device program shows (input caches filling after
                      run_start; scoring the last evaluation on the host), each a measured
-                     figure with its source
+                     figure with its source; and "input_hosts": how many hosts' input
+                     pipelines feed the batch (`stepmodel.host`)
   published_minutes  optional: the result to compare the prediction with
   measured           optional: {"train_step_ms", "eval_s", ...} measured on the hardware
   notes, source, facts   optional: free text, where the figures come from, other facts
@@ -50,6 +51,8 @@ DEFAULT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "points",
                        "google-v0.6-tpu-v3.json")
 H200 = os.path.join(os.path.dirname(DEFAULT), "h200-2026-12-04.json")
 HOST_TERMS = ("startup_s", "final_scoring_s")
+# How many hosts' input pipelines feed the batch (each its share): `stepmodel.host`.
+INPUT_HOSTS = "input_hosts"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +84,14 @@ class Point:
   @property
   def measured_step_ms(self) -> float | None:
     return self.measured.get("train_step_ms")
+
+  @property
+  def images_per_host(self) -> float | None:
+    """The examples each host's input pipeline makes per step (None where the point does not
+    say how many hosts feed it)."""
+    hosts = self.host.get(INPUT_HOSTS)
+    batch = self.overrides.get("global_batch_size")
+    return batch / hosts if hosts and batch else None
 
 
 _REQUIRED = ("name", "benchmark", "preset", "topology", "train_steps")
@@ -127,10 +138,13 @@ def parse_point(raw: Any, where: str) -> Point:
                         f"{overrides[key]!r}; give it once")
       overrides[key] = raw[key]
   host = raw.get("host", {})
-  if not isinstance(host, dict) or set(host) - set(HOST_TERMS):
-    raise UserError(f"{where}: 'host' holds only {', '.join(HOST_TERMS)} (seconds)")
+  if not isinstance(host, dict) or set(host) - {*HOST_TERMS, INPUT_HOSTS}:
+    raise UserError(f"{where}: 'host' holds only {', '.join(HOST_TERMS)} (seconds) and "
+                    f"{INPUT_HOSTS} (a count)")
   for key, value in host.items():
-    _number(where, f"host.{key}", value)
+    _number(where, f"host.{key}", value, integer=key == INPUT_HOSTS)
+  if host.get(INPUT_HOSTS) == 0:
+    raise UserError(f"{where}: 'host.{INPUT_HOSTS}' is 0; at least one host feeds a run")
   eval_steps = raw.get("eval_steps")
   return Point(
       name=str(raw["name"]), benchmark=str(raw["benchmark"]), preset=str(raw["preset"]),
@@ -174,14 +188,14 @@ def load(path: str = DEFAULT) -> list[Point]:
   return points
 
 
-def file_fit_on(path: str) -> str | None:
-  """A points file's own `fit_on` (how `./run.sh scale` fits it by default), None without one;
-  `load` has read the file."""
+def file_fit_on(path: str, key: str = "fit_on") -> str | None:
+  """A points file's own `fit_on` or `host_fit_on` (how `./run.sh scale` fits it by default),
+  None without one; `load` has read the file."""
   with open(path, encoding="utf-8") as f:
-    value = json.load(f).get("fit_on")
+    value = json.load(f).get(key)
   if value is not None and not isinstance(value, str):
-    raise UserError(f"--points={path}: 'fit_on' is {value!r}, expected a string (point names, "
-                    f"chip counts or each)")
+    raise UserError(f"--points={path}: '{key}' is {value!r}, expected a string (point names, "
+                    f"chip counts{' or each' if key == 'fit_on' else ''})")
   return value
 
 
@@ -285,6 +299,9 @@ def _ssd(d: dict[str, Any]) -> dict[str, Any]:
               "decay_epochs": [round(e * google_epoch / per_epoch) for e in drops],
               "max_epochs": round(d["train_steps"] / per_epoch),
               "eval_epochs": [round(s / per_epoch) for s in evals[:-1]]},
+          # ssd_main.py: TPUEstimator with InputPipelineConfig.PER_HOST_V2, one input pipeline
+          # per TPU host; a v3 host has 4 chips (8 cores).
+          "input_hosts": d["chips"] // 4,
           "notes": "evaluations predict on the device inside the training program; COCO scoring "
                    "runs on host processes while training goes on, except the converged one's"}
 
@@ -323,7 +340,8 @@ def _google_point(d: dict[str, Any], built: dict[str, Any], name: str, preset: s
       "mesh": built["mesh"], "global_batch_size": built["global_batch_size"],
       "overrides": built["overrides"], "train_steps": d["train_steps"],
       "evaluations": d["evaluations"],
-      "host": {"startup_s": m["startup_s"], "final_scoring_s": m["tail_s"]},
+      "host": {"startup_s": m["startup_s"], "final_scoring_s": m["tail_s"]}
+              | ({INPUT_HOSTS: built["input_hosts"]} if "input_hosts" in built else {}),
       "published_minutes": d["published_minutes"], "measured": m, "notes": built["notes"],
       "source": [repo + s for s in d["sources"]],
       "facts": {"system": d["system"], "logs": d["logs"], "epochs_per_log": d["epochs_per_log"],
@@ -340,7 +358,10 @@ def from_google(derived: dict[str, Any]) -> dict[str, Any]:
                          PRESET, repo) for d in derived["points"]]
   return {"about": "Google's MLPerf v0.6 closed-division TPU-v3 submissions (16 to 1024 chips), "
                    "from their result logs, command lines and runners: " + derived["source"]
-                   ["derived_by"], "source": derived["source"], "points": points}
+                   ["derived_by"], "source": derived["source"],
+          # SSD's steps follow the images each host feeds (docs/pod.md): the hosts' line is
+          # fitted on the smallest slice (256 images a host) and the smallest at 32 a host.
+          "host_fit_on": "ssd-16,ssd-128", "points": points}
 
 
 def mape(pairs) -> float | None:
@@ -355,6 +376,13 @@ REPO_V07 = "https://github.com/mlcommons/training_results_v0.7/tree/master/"
 PRESET_V4 = "tpu-v4-128"
 
 
+def _v07_hosts(run_and_time: dict[str, Any]) -> int:
+  # util/train_and_eval_runner.py: one input pipeline (dataset_index) per host, each feeding
+  # --replicas_per_host replicas (its default 8): num_replicas // replicas_per_host of them.
+  replicas = run_and_time.get("num_replicas") or run_and_time["num_shards"]
+  return max(1, replicas // run_and_time.get("replicas_per_host", 8))
+
+
 def _resnet_v07(d: dict[str, Any]) -> dict[str, Any]:
   # run_and_time.sh: --steps_per_eval = 4 epochs at 8192 (16 at 2048); the lr schedule spans
   # --train_steps (schedule_epochs); model_bn_span as logged (the per-replica batch x
@@ -362,7 +390,7 @@ def _resnet_v07(d: dict[str, Any]) -> dict[str, Any]:
   h, f = d["hparams"], d["run_and_time"]
   batch = d["global_batch_size"]
   images = h["train_samples"]
-  return {"mesh": "data:-1", "global_batch_size": batch,
+  return {"mesh": "data:-1", "global_batch_size": batch, "input_hosts": _v07_hosts(f),
           "overrides": {"eval_batch_size": f.get("eval_batch_size", batch),
                         "max_epochs": int(_median(d["epochs_per_log"])),
                         "eval_every": round(f["iterations_per_loop"] * batch / images),
@@ -390,7 +418,7 @@ def _ssd_v07(d: dict[str, Any]) -> dict[str, Any]:
       hp.get("first_lr_drop_epoch", 40), hp.get("second_lr_drop_epoch", 50)]
   every = f["iterations_per_loop"]
   evals = [k * every for k in range(1, round(d["evaluations"]) + 1)]
-  return {"mesh": "data:-1", "global_batch_size": batch,
+  return {"mesh": "data:-1", "global_batch_size": batch, "input_hosts": _v07_hosts(f),
           "overrides": {
               "eval_batch_size": f.get("eval_batch_size", batch), "bn_span": d["model_bn_span"],
               "base_learning_rate": h["opt_base_learning_rate"],
@@ -416,4 +444,6 @@ def from_google_v07(derived: dict[str, Any]) -> dict[str, Any]:
                        PRESET_V4, repo) for d in derived["points"]]
   return {"about": "Google's MLPerf v0.7 closed-division TPU-v4 ResNet-50 and SSD submissions (8, "
                    "64 and 256 chips), from their result logs, command lines and runners: "
-                   + derived["source"]["derived_by"], "source": derived["source"], "points": out}
+                   + derived["source"]["derived_by"], "source": derived["source"],
+          # As v0.6's: the smallest slice (256 images a host) and the smallest at 32 a host.
+          "host_fit_on": "ssd-v4-8,ssd-v4-64", "points": out}

@@ -3,6 +3,7 @@
 
   ./run.sh scale all [--points=FILE] [--chips=16,64] [--output_dir=runs/scale] [--plot=PATH.png]
                      [--cache_dir=runs/compile_cache] [--refresh] [--fit [--fit_on=16]]
+                     [--host_fit_on=ssd-16,ssd-128]
 
 Each point of the points file (`tools.pod.points`; by default Google's 18 MLPerf v0.6
 TPU-v3 submissions, 16 to 1024 chips, from their logs) names a benchmark, a preset with its
@@ -16,7 +17,11 @@ predicts the run:
              + final_scoring_s) / 60
 
 with the host terms the point declares (`host`: time on the host inside the timed run that no
-device program shows). It prints, per point, the measured and modelled train step with their
+device program shows). Where the points file fits a hosts' input line (`--host_fit_on`, or the
+file's own `host_fit_on`: two or more points of one accelerator and benchmark whose measured
+steps follow the images each host feeds), a point's step is no faster than its hosts make their
+shares of the batch: max(device step, fixed + per image x images a host; `stepmodel.host`),
+and the points fitted on count as fitted. It prints, per point, the measured and modelled train step with their
 ratio and model FLOPs utilization (the benchmark's analytic FLOPs of the point's batch over the
 slice's bf16 peak, at each step time), the published and modelled minutes with their ratio,
 and the mean absolute percentage error (MAPE) of both over the points the model's constants
@@ -65,6 +70,7 @@ from harness.options import flag
 from runtime import tpu_flags
 from runtime.errors import UserError
 from stepmodel import accelerators, gpu, steptime, topology
+from stepmodel import host as host_model
 from tools.pod import compile_point
 from tools.pod import points as points_lib
 from tools.pod.points import Point
@@ -97,6 +103,12 @@ class ScaleOptions:
                      "(comma-separated), or `each`: every point predicted by constants fitted on "
                      "the others (leave one out). A points file's own `fit_on` is the default "
                      "for it.")
+  host_fit_on: str = flag("", "Fit the hosts' input term (stepmodel/host.py: a step no faster "
+                          "than fixed + per image x images a host feeds) on these points' "
+                          "measured steps, two or more per accelerator and benchmark (point "
+                          "names or chip counts), and floor every point of theirs that says "
+                          "how many hosts feed it; '' for none. A points file's own "
+                          "`host_fit_on` is the default for it.")
 
 
 # --- points (no jax) ----------------------------------------------------------------------------
@@ -144,17 +156,37 @@ def fit_set(chosen: list[Point], text: str) -> list[Point] | str:
   return picked
 
 
+def _host_fit_set(every: list[Point], text: str) -> list[Point]:
+  """The points of the file `--host_fit_on` names (point names or chip counts): chosen or not,
+  since the fit reads their measured steps only."""
+  wanted = [t.strip() for t in text.split(",") if t.strip()]
+  picked = [p for p in every if p.name in wanted or str(p.chips) in wanted]
+  unknown = [w for w in wanted if not any(w in (p.name, str(p.chips)) for p in every)]
+  if unknown:
+    raise UserError(f"--host_fit_on={text}: the points file has no point named or on "
+                    f"{', '.join(unknown)} chips")
+  bare = [p.name for p in picked if not p.measured_step_ms]
+  if bare:
+    raise UserError(f"--host_fit_on={text}: {', '.join(bare)} has no measured train_step_ms")
+  return picked
+
+
 # --- the prediction -----------------------------------------------------------------------------
 
-def predict(point: Point, summary: dict, fitted: bool = False) -> dict[str, Any]:
+def predict(point: Point, summary: dict, fitted: bool = False,
+            host: host_model.HostInput | None = None) -> dict[str, Any]:
   """Minutes for the point's steps and evaluations at the modelled step times, beside what
-  was measured and published."""
+  was measured and published. With `host`, the step is no faster than the point's hosts make
+  their shares of the batch (`stepmodel.host`)."""
   train = (summary.get("train") or {}).get("model")
   if not train:
     raise UserError(f"{point.name}: the compile summary has no step-time model (was it compiled "
                     f"for a TPU topology, and did it fit?)")
   evals = (summary.get("eval") or {}).get("model")
-  step_s = train["step_s"]
+  device_s = train["step_s"]
+  host_s = host.step_s(point.images_per_host) if host and point.images_per_host else None
+  step_s = max(device_s, host_s or 0.0)
+  host_fitted = bool(host_s) and point.name in host.fitted_on
   eval_step_s = evals["step_s"] if evals else 0.0
   eval_steps = point.eval_steps or summary["dataset"]["eval_steps"]
   terms = {"startup_s": point.host.get("startup_s", 0.0),
@@ -170,11 +202,19 @@ def predict(point: Point, summary: dict, fitted: bool = False) -> dict[str, Any]
   return {
       "modelled_step_ms": step_s * 1e3, "measured_step_ms": measured,
       "step_ratio": step_s * 1e3 / measured if measured else None,
+      "modelled_device_step_ms": device_s * 1e3,
+      "modelled_host_step_ms": None if host_s is None else host_s * 1e3,
+      "bound": "host" if host_s and host_s > device_s else "device",
+      "host_input": None if host_s is None else dataclasses.asdict(host)
+      | {"images_per_host": point.images_per_host},
       "modelled_eval_s": eval_s, "measured_eval_s": measured_eval,
       "eval_ratio": eval_s / measured_eval if measured_eval else None,
       "modelled_minutes": minutes, "published_minutes": published,
       "minutes_ratio": minutes / published if published else None,
-      "fitted": fitted, "eval_steps": eval_steps, "eval_step_ms": eval_step_s * 1e3,
+      # fitted: the point's measured step set constants it is predicted with (the device's or
+      # its hosts'); held out otherwise
+      "fitted": fitted or host_fitted, "device_fitted": fitted, "host_fitted": host_fitted,
+      "eval_steps": eval_steps, "eval_step_ms": eval_step_s * 1e3,
       "train_steps": point.train_steps, "evaluations": point.evaluations,
       "minutes_terms": {k: v / 60 for k, v in terms.items()},
       "step_terms": {k: train[k] for k in ("kernels", "kernel_s", "compute_s", "memory_s",
@@ -182,9 +222,10 @@ def predict(point: Point, summary: dict, fitted: bool = False) -> dict[str, Any]
                                            "exposed_collective_s", "compiler_estimate_s")},
       "bounds_ms": {k: v * 1e3 for k, v in train["bounds"].items()},
       "calibration": train["calibration"], "fits": summary.get("fits"),
-      # The same model FLOPs at Google's measured step (`compile_only.utilization`).
-      "modelled_mfu": mfu,
-      "measured_mfu": mfu * step_s * 1e3 / measured if mfu and measured else None,
+      # `mfu` is the model FLOPs at the device's step (`compile_only.utilization`): the same
+      # FLOPs at the (floored) modelled step and at Google's measured one.
+      "modelled_mfu": mfu * device_s / step_s if mfu else None,
+      "measured_mfu": mfu * device_s * 1e3 / measured if mfu and measured else None,
   }
 
 
@@ -267,14 +308,43 @@ def _fit(compiled: list[tuple[Point, Any]], fit_on: list[Point] | str,
   return out
 
 
+def host_fits(chosen: list[Point], fit_on: list[Point], say: Callable[[str], None]
+              ) -> dict[str, host_model.HostInput]:
+  """Each chosen point's hosts' input term, fitted on the `fit_on` points of its accelerator
+  and benchmark (`stepmodel.host.fit`); points of a group with no fitted point have none."""
+  groups: dict[tuple[str, str], list[Point]] = {}
+  for p in fit_on:
+    if p.images_per_host is None:
+      raise UserError(f"--host_fit_on: {p.name} does not say how many hosts feed it "
+                      f"(host.input_hosts in the points file)")
+    groups.setdefault((accelerator(p.topology).name, p.benchmark), []).append(p)
+  out = {}
+  for (acc, benchmark), mine in groups.items():
+    names = ", ".join(p.name for p in mine)
+    try:
+      line_ = host_model.fit([(p.images_per_host, p.measured_step_ms / 1e3, p.name)
+                              for p in mine])
+    except ValueError as e:
+      raise UserError(f"--host_fit_on: {benchmark} on {acc} from {names}: {e}") from None
+    say(f"{benchmark} on {acc}'s hosts, fitted on {names}: {line_.fixed_s * 1e3:.2f} ms a "
+        f"step + {line_.per_image_s * 1e3:.3f} ms an image a host "
+        f"({1 / line_.per_image_s:,.0f} images/s a host)")
+    out.update({p.name: line_ for p in chosen if p.benchmark == benchmark
+                and accelerator(p.topology).name == acc and p.images_per_host})
+  return out
+
+
 def run(chosen: list[Point], output_dir: str, plot_path: str | None, cache_dir: str,
         refresh: bool = False, with_eval: bool = True, say: Callable[[str], None] = print,
         overlap: str = "schedule", fit_on: list[Point] | str | None = None,
-        compiled: Callable | None = None) -> dict[str, list[dict]]:
+        compiled: Callable | None = None, host_fit_on: list[Point] | None = None
+        ) -> dict[str, list[dict]]:
   """Predicts every point (compiled from the cache where it can), prints the table, writes the
   JSON and the plot. `compiled(point, cfg, ...)` -> (raw facts, `compile_only.read`) defaults to
   compiling (tests pass a stand-in); `fit_on`: fit the constants on these points first, or
-  "each": every point on constants fitted on the others."""
+  "each": every point on constants fitted on the others; `host_fit_on`: fit the hosts' input
+  term on these points (`host_fits`)."""
+  hosts = host_fits(chosen, host_fit_on, say) if host_fit_on else {}
   compiled = compiled or _compiled
   done = []
   for point in chosen:
@@ -289,7 +359,8 @@ def run(chosen: list[Point], output_dir: str, plot_path: str | None, cache_dir: 
     summary = compile_only.summarize(raw, cfg, overlap, cal, steps)
     fitted = point.name in cal.points
     row = {"point": dataclasses.asdict(point) | {"chips": point.chips},
-           "prediction": predict(point, summary, fitted), "summary": summary}
+           "prediction": predict(point, summary, fitted, hosts.get(point.name)),
+           "summary": summary}
     rows.setdefault(point.benchmark, []).append(row)
     say(line(row))
   os.makedirs(output_dir, exist_ok=True)
@@ -304,7 +375,8 @@ def run(chosen: list[Point], output_dir: str, plot_path: str | None, cache_dir: 
     json.dump({"benchmarks": rows, "within": WITHIN, "mape": mapes(every),
                "at_or_below_measured": at_or_below(every),
                "fit_on": fit_on if isinstance(fit_on, str) or fit_on is None
-               else [p.name for p in fit_on]}, f, indent=1, default=float)
+               else [p.name for p in fit_on],
+               "host_fit_on": [p.name for p in host_fit_on or []]}, f, indent=1, default=float)
   png = plot_path or os.path.join(output_dir, f"scale_{label}.png")
   plot(rows, png)
   say(f"wrote {out} and {png}")
@@ -331,11 +403,12 @@ def _cells(row: dict) -> tuple[str, ...]:
   batch = point["overrides"].get("global_batch_size", "")
   return (point["name"], point["topology"], str(batch),
           "" if p["measured_step_ms"] is None else f"{p['measured_step_ms']:.1f}",
-          f"{p['modelled_step_ms']:.1f}{fit}", _ratio(p["step_ratio"]),
+          f"{p['modelled_step_ms']:.1f}{fit}{' host' if p.get('bound') == 'host' else ''}",
+          _ratio(p["step_ratio"]),
           _percent(p.get("measured_mfu")), _percent(p.get("modelled_mfu")),
           "" if p["published_minutes"] is None else f"{p['published_minutes']:.2f}",
           f"{p['modelled_minutes']:.2f}", _ratio(p["minutes_ratio"]),
-          "fitted" if p["fitted"] else "held out")
+          "host fit" if p.get("host_fitted") else "fitted" if p["fitted"] else "held out")
 
 
 def line(row: dict) -> str:
@@ -502,15 +575,19 @@ def main(argv: list[str]) -> int:
   if extra:
     raise UserError(f"unexpected argument '{extra[0]}'; flags are written --name=value")
   o = options.from_flags(ScaleOptions, fv)
-  chosen = select(points_lib.load(o.points), rest[0], parse_chips(o.chips))
+  every = points_lib.load(o.points)
+  chosen = select(every, rest[0], parse_chips(o.chips))
   # A points file may name how its points are fitted (`fit_on`: the H200's, "each").
   own, set_here = points_lib.file_fit_on(o.points), given(fv)
   fit = o.fit or (own is not None and "fit" not in set_here)
   text = o.fit_on if own is None or "fit_on" in set_here else own
   fit_on = fit_set(chosen, text) if fit else None
+  own_host = points_lib.file_fit_on(o.points, "host_fit_on")
+  host_text = o.host_fit_on if own_host is None or "host_fit_on" in set_here else own_host
+  host_fit_on = _host_fit_set(every, host_text) if host_text.strip() else None
   check_outputs(o)
   run(chosen, o.output_dir, o.plot, o.cache_dir, o.refresh, o.with_eval, overlap=o.overlap,
-      fit_on=fit_on)
+      fit_on=fit_on, host_fit_on=host_fit_on)
   return 0
 
 if __name__ == "__main__":
