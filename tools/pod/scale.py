@@ -20,16 +20,16 @@ with the host terms the point declares (`host`: time on the host inside the time
 device program shows). Where the points file fits a hosts' input line (`--host_fit_on`, or the
 file's own `host_fit_on`: two or more points of one accelerator and benchmark whose measured
 steps follow the images each host feeds), a point's step is no faster than its hosts make their
-shares of the batch: max(device step, fixed + per image x images a host; `stepmodel.host`),
-and the points fitted on count as fitted. It prints, per point, the measured and modelled train step with their
-ratio and model FLOPs utilization (the benchmark's analytic FLOPs of the point's batch over the
-slice's bf16 peak, at each step time), the published and modelled minutes with their ratio,
-and the mean absolute percentage error (MAPE) of both over the points the model's constants
-were fitted on and over the held-out ones; it writes `<output_dir>/scale_<benchmark>.json` (per
-point: `modelled_step_ms`, `measured_step_ms`, `modelled_mfu`, `measured_mfu`,
-`modelled_minutes`, `published_minutes`, their ratios, the model's terms and the full compile
-summary) and a PNG (`--plot`): modelled against measured steps, and the
-minutes per slice.
+shares of the batch: max(device step, fixed + per image x images a host; `stepmodel.host`), and
+the points fitted on count as fitted. It prints, per point, the measured and modelled train step
+with their ratio and model FLOPs utilization (the benchmark's analytic FLOPs of the point's
+batch over the slice's bf16 peak, at each step time), the published and modelled minutes with
+their ratio, and the mean absolute percentage error (MAPE) of both over the points the model's
+constants were fitted on and over the held-out ones; it writes
+`<output_dir>/scale_<benchmark>.json` (per point: `modelled_step_ms`, `measured_step_ms`,
+`modelled_mfu`, `measured_mfu`, `modelled_minutes`, `published_minutes`, their ratios, the
+model's terms and the full compile summary) and a PNG (`--plot`): modelled against measured
+steps, and the minutes per slice.
 
 `--fit` fits the model's constants for each TPU generation or GPU (`accelerators.Calibration`:
 the per-kernel overhead, the achieved fraction of HBM bandwidth, and the ICI latency on a TPU or
