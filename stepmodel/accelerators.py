@@ -170,11 +170,11 @@ GENERATIONS: dict[str, Generation] = {
         # (tools/pod/points/google-v0.7-tpu-v4.json; `./run.sh scale all --points=... --fit
         # --fit_on=resnet-v4-8,resnet-v4-256`, 2026-12-05), the fit lands on its bounds: no
         # overhead, the full HBM bandwidth, no ICI latency, and still models Google's steps
-        # 1.00-1.15x. So the constants stay the physical figures (1.00-1.17x); docs/pod.md.
+        # 1.00-1.15x. So the constants stay the physical figures (1.00-1.13x); docs/pod.md.
         calibration=Calibration(
             fitted_on="nothing: the physical figures (a fit on Google's v0.7 ResNet steps at 8 "
                       "and 256 chips lands on them)",
-            held_out=("Google's v0.7 steps: ResNet-50 1.00-1.17x at 8, 64 and 256 chips; SSD "
+            held_out=("Google's v0.7 steps: ResNet-50 1.00-1.13x at 8, 64 and 256 chips; SSD "
                       "0.66-1.03x on the device alone, its steps being Google's hosts' input "
                       "pipelines' (their line, fitted on two, puts the third at 0.97x; "
                       "docs/pod.md)"))),

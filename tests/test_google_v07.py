@@ -191,6 +191,8 @@ def test_points_file_is_what_scale_reads(repo, tmp_path):
   assert s.host["input_hosts"] == s.facts["run_and_time"]["num_shards"] // 8
   assert s.images_per_host == 2048 / s.host["input_hosts"]
   p = loaded["resnet-v4-64"]
+  assert "optimizations" not in p.overrides            # the preset's weight-update sharding
+  assert loaded["resnet-v4-256"].overrides["optimizations"] == "distributed_eval"
   assert p.preset == "tpu-v4-128" and p.topology == "v4:4x4x4"
   assert p.overrides["global_batch_size"] == 8192 and p.overrides["eval_every"] == 4
   assert p.measured_step_ms == pytest.approx(1e3 * STEP, rel=2e-3)
