@@ -138,6 +138,22 @@ def parse_chips(text: str) -> list[int]:
     raise UserError(f"--chips={text}: comma-separated integers, e.g. 16,64") from None
 
 
+def _wanted(text: str) -> list[str]:
+  return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _named(points: list[Point], text: str, flag: str) -> list[Point]:
+  """The points `flag` names (point names or chip counts), each with a measured step."""
+  wanted = _wanted(text)
+  picked = [p for p in points if p.name in wanted or str(p.chips) in wanted]
+  if not picked:
+    raise UserError(f"{flag}={text}: no chosen point has these chip counts or names")
+  bare = [p.name for p in picked if not p.measured_step_ms]
+  if bare:
+    raise UserError(f"{flag}={text}: {', '.join(bare)} has no measured train_step_ms")
+  return picked
+
+
 def fit_set(chosen: list[Point], text: str) -> list[Point] | str:
   """The points `--fit_on` names (chip counts or point names), among those chosen; "each"
   (leave one out) as it is, when two or more chosen points have a measured step."""
@@ -146,29 +162,17 @@ def fit_set(chosen: list[Point], text: str) -> list[Point] | str:
       raise UserError(f"--fit_on={EACH} fits each point on the others: choose at least two "
                       f"points with a measured train_step_ms")
     return EACH
-  wanted = [t.strip() for t in text.split(",") if t.strip()]
-  picked = [p for p in chosen if p.name in wanted or str(p.chips) in wanted]
-  if not picked:
-    raise UserError(f"--fit_on={text}: no chosen point has these chip counts or names")
-  if not all(p.measured_step_ms for p in picked):
-    bare = [p.name for p in picked if not p.measured_step_ms]
-    raise UserError(f"--fit_on={text}: {', '.join(bare)} has no measured train_step_ms")
-  return picked
+  return _named(chosen, text, "--fit_on")
 
 
 def _host_fit_set(every: list[Point], text: str) -> list[Point]:
   """The points of the file `--host_fit_on` names (point names or chip counts): chosen or not,
   since the fit reads their measured steps only."""
-  wanted = [t.strip() for t in text.split(",") if t.strip()]
-  picked = [p for p in every if p.name in wanted or str(p.chips) in wanted]
-  unknown = [w for w in wanted if not any(w in (p.name, str(p.chips)) for p in every)]
+  unknown = [w for w in _wanted(text) if not any(w in (p.name, str(p.chips)) for p in every)]
   if unknown:
     raise UserError(f"--host_fit_on={text}: the points file has no point named or on "
                     f"{', '.join(unknown)} chips")
-  bare = [p.name for p in picked if not p.measured_step_ms]
-  if bare:
-    raise UserError(f"--host_fit_on={text}: {', '.join(bare)} has no measured train_step_ms")
-  return picked
+  return _named(every, text, "--host_fit_on")
 
 
 # --- the prediction -----------------------------------------------------------------------------
