@@ -43,6 +43,37 @@ def test_batch_norm_groups_of_span_examples(span):
                              0.1 * mean.reshape(-1, 5).mean(0), rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("span", [None, 2])
+@pytest.mark.parametrize("moments", ["separate", "stacked"])
+def test_batch_norm_gradients_are_autodiffs_of_the_formula(span, moments):
+  """Both ways of taking the training moments (`--bn_moments`; "stacked" writes its gradient
+  out: `convnet._local_batch_norm`) against jax's autodiff of the textbook formula in float64,
+  through a nonlinear loss: the outputs, and the input's, scale's and bias's gradients."""
+  with jax.enable_x64(True):
+    rng = np.random.default_rng(1)
+    x = jnp.asarray(rng.standard_normal((8, 3, 3, 5)) * 3 + 1)
+    bn = BatchNorm(span=span, dtype=jnp.float64, moments=moments)
+    params = {"scale": jnp.asarray(rng.standard_normal(5)),
+              "bias": jnp.asarray(rng.standard_normal(5))}
+
+    def ours(p, x):
+      y, _ = bn.apply({"params": p, "batch_stats": {"mean": jnp.zeros(5), "var": jnp.ones(5)}},
+                      x, train=True, mutable=["batch_stats"])
+      return jnp.sum(jnp.sin(y) * jnp.arange(5.0))
+
+    def formula(p, x):
+      g = x.reshape(8 // (span or 8), span or 8, 3, 3, 5)
+      mean = g.mean(axis=(1, 2, 3), keepdims=True)
+      var = g.var(axis=(1, 2, 3), keepdims=True)
+      y = ((g - mean) / jnp.sqrt(var + 1e-5) * p["scale"] + p["bias"]).reshape(x.shape)
+      return jnp.sum(jnp.sin(y) * jnp.arange(5.0))
+
+    got, want = (jax.value_and_grad(f, argnums=(0, 1))(params, x) for f in (ours, formula))
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-12)
+    for a, b in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1])):
+      np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize("kernel,strides,padding,bias", [
     (3, 2, None, False), (1, 1, None, False), (3, 1, "VALID", True), (7, 2, None, False)])
 def test_ohwi_convolution_is_flax_conv(kernel, strides, padding, bias):
@@ -69,7 +100,9 @@ def test_ohwi_convolution_is_flax_conv(kernel, strides, padding, bias):
 def test_resnet_with_ohwi_kernels_is_the_hwio_resnet():
   """The whole model (stem, bottleneck blocks, projections) with the GPU presets' choices
   (--kernel_layout=OHWI, --pool_backward=index) against the TPU's (HWIO, XLA's pool): the same
-  parameters, transposed, the same loss and gradients in float32."""
+  parameters, transposed, the same loss and gradients in float32. And --bn_moments=stacked
+  against separate in float64 (in float32 the two round apart where a group's variance is
+  small against its mean: the last stage's groups here are 2 pixels)."""
   x = jnp.asarray(np.random.default_rng(1).standard_normal((4, 16, 16, 3)), jnp.float32)
   models = [ResNet(14, 4, 10, 2, jnp.float32, "HWIO", 0, "xla"),
             ResNet(14, 4, 10, 2, jnp.float32, "OHWI", 0, "index")]
@@ -78,7 +111,7 @@ def test_resnet_with_ohwi_kernels_is_the_hwio_resnet():
   np.testing.assert_equal(jax.tree.map(np.asarray, to_hwio(init[1]["params"], "OHWI")),
                           jax.tree.map(np.asarray, init[0]["params"]))
 
-  def loss(m, v):
+  def loss(m, v, x=x):
     def f(p):
       y, _ = m.apply({**v, "params": p}, x, train=True, mutable=["batch_stats"])
       return jnp.sum(jnp.square(y))
@@ -87,6 +120,14 @@ def test_resnet_with_ohwi_kernels_is_the_hwio_resnet():
   np.testing.assert_allclose(lo, lh, rtol=1e-5)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
                to_hwio(go, "OHWI"), gh)
+  with jax.enable_x64(True):
+    x64 = x.astype(jnp.float64)
+    v64 = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), init[1])
+    (ls, gs), (lt, gt) = (
+        loss(ResNet(14, 4, 10, 2, jnp.float64, "OHWI", 0, "index", moments), v64, x64)
+        for moments in ("separate", "stacked"))
+  np.testing.assert_allclose(lt, ls, rtol=1e-12)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12), gt, gs)
 
 
 def test_batch_norm_group_statistics_average_to_the_shared_ones():
@@ -123,7 +164,8 @@ def test_gpu_presets_model_choices_train_on_cpu(tmp_path, monkeypatch):
   from harness import train
   monkeypatch.setenv("MESHPERF_CACHE", str(tmp_path / "cache"))
   cfg = dataclasses.replace(PRESETS["tiny"], kernel_layout="OHWI", bn_group_stats=True,
-                            pool_backward="index", target_accuracy=1e-6, dataset="synthetic",
+                            pool_backward="index", bn_moments="stacked",
+                            target_accuracy=1e-6, dataset="synthetic",
                             synthetic_examples=64, eval_batch_size=64)
   summary = train.run(runs.local("resnet", cfg, output_dir=str(tmp_path / "run"), quiet=True,
                                  checkpoint_every=1))

@@ -43,17 +43,18 @@ class Backbone(nn.Module):
   kernel_layout: str = "HWIO"
   bn_stat_groups: int = 0
   pool_backward: str = "xla"
+  bn_moments: str = "separate"
 
   @nn.compact
   def __call__(self, x, train: bool):
     stages, bottleneck = STAGES[self.depth]
     x = stem(x, self.width, self.bn_span, self.dtype, train, self.kernel_layout,
-             self.bn_stat_groups, self.pool_backward)
+             self.bn_stat_groups, self.pool_backward, self.bn_moments)
     for i, blocks in enumerate(stages[:3]):         # conv2_x .. conv4_x; conv5_x removed
       for j in range(blocks):
         stride = 2 if (i == 1 and j == 0) else 1    # conv4_1 keeps the resolution
         x = Block(self.width * 2**i, stride, bottleneck, self.bn_span, self.dtype,
-                  self.kernel_layout, self.bn_stat_groups)(x, train)
+                  self.kernel_layout, self.bn_stat_groups, self.bn_moments)(x, train)
     return x
 
 
@@ -68,6 +69,7 @@ class SSD(nn.Module):
   kernel_layout: str = "HWIO"       # convolution kernels: HWIO or OHWI (weights.KERNEL_LAYOUTS)
   bn_stat_groups: int = 0           # batch norm's running statistics per group (BatchNorm)
   pool_backward: str = "xla"        # the stem pool's backward pass (config.POOL_BACKWARDS)
+  bn_moments: str = "separate"      # batch norm's training moments (config.BN_MOMENTS)
 
   @nn.compact
   def __call__(self, image, train: bool):
@@ -77,14 +79,16 @@ class SSD(nn.Module):
     x = normalize_imagenet(image, f)
     x = constrain(x.astype(self.dtype), ("batch", "height", "width", None))
     x = Backbone(self.depth, self.width, self.bn_span, self.dtype, self.kernel_layout,
-                 self.bn_stat_groups, self.pool_backward, name="Backbone")(x, train)
+                 self.bn_stat_groups, self.pool_backward, self.bn_moments,
+                 name="Backbone")(x, train)
     cv = functools.partial(conv, dtype=self.dtype, layout=self.kernel_layout)
     maps = [x]
     scale = self.width / 64
     outs = (512, 512, 256, 256, 256, 256)    # MLPerf channels at width 64, then repeated
     mids = (256, 256, 128, 128, 128, 128)
     for i, stride in enumerate(self.extra_blocks):
-      bn = lambda: BatchNorm(self.bn_span, dtype=self.dtype, stat_groups=self.bn_stat_groups)
+      bn = lambda: BatchNorm(self.bn_span, dtype=self.dtype, stat_groups=self.bn_stat_groups,
+                             moments=self.bn_moments)
       k = min(i, len(outs) - 1)
       y = nn.relu(bn()(cv(x, int(mids[k] * scale), 1), train))
       if stride:
