@@ -82,14 +82,6 @@ SOFTMAX = ("float32", "compute")
 # compiler), `xla` the TPU's (the TPU compiler's select-and-scatter is the cheaper there:
 # docs/gpu.md and docs/pod.md give both).
 POOL_BACKWARDS = ("xla", "index")
-# How batch norm takes its training moments where each replica has its own statistics
-# (`--bn_moments`, ResNet and SSD; `convnet.BatchNorm.moments`): `separate`, E[x] and E[x^2] as
-# two means that jax differentiates; `stacked`, both in one reduction of the stacked pair and
-# the gradient written out (`convnet._local_batch_norm`), the GPU presets': XLA's GPU compiler
-# then makes fewer kernels, where libtpu lays the stacked pairs out in padded tiles (the
-# `tpu-v4-128` ResNet step 44.0 -> 88.4 ms modelled, 2026-12-06), so the TPU presets and the
-# CPU defaults keep `separate`.
-BN_MOMENTS = ("separate", "stacked")
 def _kind(value: Any) -> str | None:
   """What a config value is, as overrides must match it: None for a field without a value."""
   if value is None:
@@ -198,12 +190,6 @@ def check_pool_backward(c) -> None:
   if c.pool_backward not in POOL_BACKWARDS:
     raise UserError(f"--pool_backward={c.pool_backward}: choose one of "
                     f"{', '.join(POOL_BACKWARDS)} (index for NVIDIA GPUs, xla elsewhere)")
-
-
-def check_bn_moments(c) -> None:
-  if c.bn_moments not in BN_MOMENTS:
-    raise UserError(f"--bn_moments={c.bn_moments}: choose one of {', '.join(BN_MOMENTS)} "
-                    f"(stacked for NVIDIA GPUs, separate elsewhere)")
 
 
 def check_dropout_rng(c) -> None:

@@ -44,19 +44,20 @@ def test_batch_norm_groups_of_span_examples(span):
 
 
 @pytest.mark.parametrize("span", [None, 2])
-@pytest.mark.parametrize("moments", ["separate", "stacked"])
-def test_batch_norm_gradients_are_autodiffs_of_the_formula(span, moments):
-  """Both ways of taking the training moments (`--bn_moments`; "stacked" writes its gradient
-  out: `convnet._local_batch_norm`) against jax's autodiff of the textbook formula in float64,
+@pytest.mark.parametrize("stacked", [False, True])
+def test_batch_norm_gradients_are_autodiffs_of_the_formula(span, stacked):
+  """Both forms of batch norm (`--bn_stacked`: one (2, c) parameter and a gradient written out,
+  `convnet._local_batch_norm`) against jax's autodiff of the textbook formula in float64,
   through a nonlinear loss: the outputs, and the input's, scale's and bias's gradients."""
   with jax.enable_x64(True):
     rng = np.random.default_rng(1)
     x = jnp.asarray(rng.standard_normal((8, 3, 3, 5)) * 3 + 1)
-    bn = BatchNorm(span=span, dtype=jnp.float64, moments=moments)
+    bn = BatchNorm(span=span, dtype=jnp.float64, stacked=stacked)
     params = {"scale": jnp.asarray(rng.standard_normal(5)),
               "bias": jnp.asarray(rng.standard_normal(5))}
 
     def ours(p, x):
+      p = {"scale_bias": jnp.stack([p["scale"], p["bias"]])} if stacked else p
       y, _ = bn.apply({"params": p, "batch_stats": {"mean": jnp.zeros(5), "var": jnp.ones(5)}},
                       x, train=True, mutable=["batch_stats"])
       return jnp.sum(jnp.sin(y) * jnp.arange(5.0))
@@ -100,9 +101,10 @@ def test_ohwi_convolution_is_flax_conv(kernel, strides, padding, bias):
 def test_resnet_with_ohwi_kernels_is_the_hwio_resnet():
   """The whole model (stem, bottleneck blocks, projections) with the GPU presets' choices
   (--kernel_layout=OHWI, --pool_backward=index) against the TPU's (HWIO, XLA's pool): the same
-  parameters, transposed, the same loss and gradients in float32. And --bn_moments=stacked
-  against separate in float64 (in float32 the two round apart where a group's variance is
-  small against its mean: the last stage's groups here are 2 pixels)."""
+  parameters, transposed, the same loss and gradients in float32. And --bn_stacked against
+  the two parameters in float64 (in float32 the two round apart where a group's variance is
+  small against its mean: the last stage's groups here are 2 pixels), through
+  `weights.stack_batch_norms` and `split_batch_norms`."""
   x = jnp.asarray(np.random.default_rng(1).standard_normal((4, 16, 16, 3)), jnp.float32)
   models = [ResNet(14, 4, 10, 2, jnp.float32, "HWIO", 0, "xla"),
             ResNet(14, 4, 10, 2, jnp.float32, "OHWI", 0, "index")]
@@ -122,12 +124,14 @@ def test_resnet_with_ohwi_kernels_is_the_hwio_resnet():
                to_hwio(go, "OHWI"), gh)
   with jax.enable_x64(True):
     x64 = x.astype(jnp.float64)
-    v64 = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), init[1])
-    (ls, gs), (lt, gt) = (
-        loss(ResNet(14, 4, 10, 2, jnp.float64, "OHWI", 0, "index", moments), v64, x64)
-        for moments in ("separate", "stacked"))
+    v64 = jax.tree.map(lambda a: np.asarray(a, np.float64), init[1])
+    stacked = {**v64, "params": weights.stack_batch_norms(v64["params"])}
+    assert stacked["params"]["BatchNorm_0"]["scale_bias"].shape == (2, 4)
+    ls, gs = loss(ResNet(14, 4, 10, 2, jnp.float64, "OHWI", 0, "index"), v64, x64)
+    lt, gt = loss(ResNet(14, 4, 10, 2, jnp.float64, "OHWI", 0, "index", True), stacked, x64)
   np.testing.assert_allclose(lt, ls, rtol=1e-12)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12), gt, gs)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12),
+               weights.split_batch_norms(gt), gs)
 
 
 def test_batch_norm_group_statistics_average_to_the_shared_ones():
@@ -158,13 +162,14 @@ def test_batch_norm_group_statistics_average_to_the_shared_ones():
 
 
 def test_gpu_presets_model_choices_train_on_cpu(tmp_path, monkeypatch):
-  """OHWI kernels and per-group statistics (the GPU preset's choices) through the whole loop on
-  8 CPU devices: training, evaluation, the checkpoint, and its weights read back HWIO."""
+  """OHWI kernels, per-group statistics and stacked batch norms (the GPU preset's choices)
+  through the whole loop on 8 CPU devices: training, evaluation, the checkpoint, and its
+  weights read back HWIO with each batch norm's scale and bias apart."""
   from harness import run as runs
   from harness import train
   monkeypatch.setenv("MESHPERF_CACHE", str(tmp_path / "cache"))
   cfg = dataclasses.replace(PRESETS["tiny"], kernel_layout="OHWI", bn_group_stats=True,
-                            pool_backward="index", bn_moments="stacked",
+                            pool_backward="index", bn_stacked=True,
                             target_accuracy=1e-6, dataset="synthetic",
                             synthetic_examples=64, eval_batch_size=64)
   summary = train.run(runs.local("resnet", cfg, output_dir=str(tmp_path / "run"), quiet=True,
@@ -173,6 +178,8 @@ def test_gpu_presets_model_choices_train_on_cpu(tmp_path, monkeypatch):
   w = weights.load(str(tmp_path / "run"))
   assert w["params"]["stem"]["kernel"].shape == (7, 7, 3, cfg.model_width)
   assert w["batch_stats"]["BatchNorm_0"]["mean"].shape == (cfg.model_width,)
+  assert set(w["params"]["BatchNorm_0"]) == {"scale", "bias"}
+  assert w["params"]["Block_0"]["BatchNorm_1"]["bias"].shape == (cfg.model_width,)
 
 
 @pytest.mark.parametrize("shape,dtype", [((2, 8, 8, 3), jnp.float32), ((2, 7, 9, 4), jnp.float32),

@@ -171,19 +171,23 @@ def _resnet(width):
   return lambda r: ResNet(10, width, 10).init(r, np.zeros((1, 32, 32, 3)), train=False)
 
 
-@pytest.mark.parametrize("layout", ["HWIO", "OHWI"])
-def test_backbone_warm_start(coco, tmp_path, layout):
-  """An HWIO weight file fills the backbone, its kernels stored as --kernel_layout says."""
+@pytest.mark.parametrize("layout,stacked", [("HWIO", False), ("OHWI", False), ("OHWI", True)])
+def test_backbone_warm_start(coco, tmp_path, layout, stacked):
+  """An HWIO weight file fills the backbone, its kernels stored as --kernel_layout says and its
+  batch norms' scale and bias stacked where --bn_stacked."""
   root, _, _ = coco
   variables = _random_variables(_resnet(4), 1)
   weights.save_npz(variables, str(tmp_path / "r10.npz"))
-  cfg = cfg_for(root, backbone_checkpoint=str(tmp_path / "r10.npz"), kernel_layout=layout)
+  cfg = cfg_for(root, backbone_checkpoint=str(tmp_path / "r10.npz"), kernel_layout=layout,
+                bn_stacked=stacked)
   task = suite.build(cfg, replicas=8)
   init = jax.tree.map(jax.numpy.asarray, _random_variables(task.init, 2))
   state = {"params": init["params"], "model_state": {"batch_stats": init["batch_stats"]}}
   warm = place_warm_start(state, task.warm_start())
   got = warm["params"]["Backbone"]
   want = from_hwio(variables["params"], layout)
+  want = weights.stack_batch_norms(want) if stacked else want
+  assert ("scale_bias" in got["BatchNorm_0"]) == stacked
   for name in ("stem", "BatchNorm_0", "Block_0", "Block_2"):
     for a, b in zip(jax.tree.leaves(got[name]), jax.tree.leaves(want[name])):
       np.testing.assert_array_equal(a, b)

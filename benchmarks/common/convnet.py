@@ -45,17 +45,29 @@ class BatchNorm(nn.Module):
   # evaluation averages them: the same average (the running statistics are linear in the batch
   # statistics), without the cross-replica mean of every layer's statistics each step.
   stat_groups: int = 0
-  # How the training forward takes its moments where each replica has its own
-  # (`benchmarks.config.BN_MOMENTS`): "separate", two means that jax differentiates; "stacked",
-  # `_local_batch_norm`.
-  moments: str = "separate"
+  # Stacked (`--bn_stacked`, the GPU presets): scale and bias one (2, c) parameter
+  # "scale_bias", and the training forward where each replica has its own statistics through
+  # `_local_batch_norm` (both moments in one reduction, the gradient written out). Otherwise
+  # "scale" and "bias", two means that jax differentiates: libtpu lays the stacked pairs out in
+  # padded tiles (the `tpu-v4-128` ResNet step 44.0 -> 88.4 ms modelled, 2026-12-06). Weight
+  # files hold "scale" and "bias" either way (`weights.load`, `weights.stack_batch_norms`).
+  stacked: bool = False
 
   @nn.compact
   def __call__(self, x, train: bool):
     c, f = x.shape[-1], param_dtype(self.dtype)
-    scale = self.param("scale", named_init(nn.initializers.zeros if self.zero_scale
-                                       else nn.initializers.ones, ("channels",)), (c,), f)
-    bias = self.param("bias", named_init(nn.initializers.zeros, ("channels",)), (c,), f)
+    first = nn.initializers.zeros if self.zero_scale else nn.initializers.ones
+    if self.stacked:
+      # Scale then bias: the parameter's gradient is the backward pass's stacked sums as they
+      # are, and its update one kernel (`_local_batch_norm`).
+      def stacked_init(key, shape, dtype):
+        return jnp.stack([first(key, shape[1:], dtype), jnp.zeros(shape[1:], dtype)])
+      scale_bias = self.param("scale_bias", named_init(stacked_init, (None, "channels")),
+                              (2, c), f)
+      scale, bias = scale_bias[0], scale_bias[1]
+    else:
+      scale = self.param("scale", named_init(first, ("channels",)), (c,), f)
+      bias = self.param("bias", named_init(nn.initializers.zeros, ("channels",)), (c,), f)
     groups = self.stat_groups
     shape, names = ((groups, c), ("batch", "channels")) if groups else ((c,), ("channels",))
     mean_v = self.variable("batch_stats", "mean", named_init(jnp.zeros, names), shape, f)
@@ -90,8 +102,8 @@ class BatchNorm(nn.Module):
                           f"(per replica, per micro-batch); choose a divisor of {b}")
         # One group (span = the batch): no group axis, the moments reduce over (N, H, W).
         g = x.astype(f) if span == b else x.astype(f).reshape((b // span, span) + x.shape[1:])
-        if self.moments == "stacked":
-          y, mean, var = _local_batch_norm(g, scale, bias, self.epsilon, span != b)
+        if self.stacked:
+          y, mean, var = _local_batch_norm(g, scale_bias, self.epsilon, span != b)
         else:
           axes = tuple(range(0 if span == b else 1, g.ndim - 1))
           mean = jnp.mean(g, axes, keepdims=True)
@@ -120,21 +132,24 @@ class BatchNorm(nn.Module):
     return y.astype(self.dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _local_batch_norm(x, scale, bias, epsilon: float, grouped: bool):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _local_batch_norm(x, scale_bias, epsilon: float, grouped: bool):
   """Batch norm of `x` over all its dimensions but the last (channels), and the first where
-  `grouped` (one set of statistics per group): (y, mean, var), mean and var with x's dimensions
-  kept. What `_variance` and `_normalize` compute, with a gradient written out: both moments in
-  one reduction of the stacked (x, x^2), and in the backward pass both sums (of dy, and of dy
-  times the normalized x) in one reduction of the stacked pair, dx from them (Ioffe and
-  Szegedy 2015, arXiv 1502.03167, section 3).
+  `grouped` (one set of statistics per group), scaled and shifted by `scale_bias` (2, c):
+  (y, mean, var), mean and var with x's dimensions kept. What `_variance` and `_normalize`
+  compute, with a gradient written out: both moments in one reduction of the stacked
+  (x, x^2), and in the backward pass both sums (of dy times the normalized x, and of dy) in one
+  reduction of the stacked pair, which is the (2, c) parameter's gradient; dx from them (Ioffe
+  and Szegedy 2015, arXiv 1502.03167, section 3).
 
   A reduction over a whole batch's pixels is split by XLA's GPU compiler into two kernels (per
   block, then the blocks), and the autodiff of the two means made the second stages two
-  kernels each way plus per-channel kernels: ResNet-50's GPU step on 8 x H200 went 1,191 ->
-  1,076 kernels, 145.8 -> 142.7 GB of HBM traffic, 57.1 -> 55.1 ms modelled (2026-12-06). The
-  mean and variance outputs feed the running statistics only: their cotangents are zero."""
-  return _local_batch_norm_fwd(x, scale, bias, epsilon, grouped)[0]
+  kernels each way plus per-channel kernels, and each of scale and bias a slice of the
+  gradients' all-reduce and an update of its own: ResNet-50's GPU step on 8 x H200 went 1,191
+  -> 876 kernels, 145.8 -> 142.7 GB of HBM traffic, 57.1 -> 53.2 ms modelled (2026-12-06).
+  The mean and variance outputs feed the running statistics only: their cotangents are
+  zero."""
+  return _local_batch_norm_fwd(x, scale_bias, epsilon, grouped)[0]
 
 
 def _reduced(x, grouped: bool) -> tuple[tuple[int, ...], int]:
@@ -143,10 +158,13 @@ def _reduced(x, grouped: bool) -> tuple[tuple[int, ...], int]:
   return axes, math.prod(x.shape[d] for d in axes)
 
 
-def _local_batch_norm_fwd(x, scale, bias, epsilon, grouped):
+def _local_batch_norm_fwd(x, scale_bias, epsilon, grouped):
   axes, n = _reduced(x, grouped)
-  moments = jnp.sum(jnp.stack([x, jnp.square(x)]), tuple(d + 1 for d in axes),
-                    keepdims=True) * (1.0 / n)
+  scale, bias = scale_bias[0], scale_bias[1]
+  # Each element scaled before the sum: scaled after, the (2, c) product was a kernel of its own
+  # (XLA's GPU compiler fused it neither into the reduction nor into its consumers).
+  moments = jnp.sum(jnp.stack([x, jnp.square(x)]) * (1.0 / n), tuple(d + 1 for d in axes),
+                    keepdims=True)
   mean = moments[0]
   var = _variance(mean, moments[1])
   inv = jax.lax.rsqrt(var + epsilon)
@@ -161,11 +179,12 @@ def _local_batch_norm_bwd(epsilon, grouped, residuals, cotangents):
   dy = cotangents[0]
   axes, n = _reduced(x, grouped)
   xhat = (x - mean) * inv
-  sums = jnp.sum(jnp.stack([dy, dy * xhat]), tuple(d + 1 for d in axes), keepdims=True)
-  dbias, dscale = sums[0], sums[1]
-  dx = (inv * scale) * (dy - dbias * (1.0 / n) - xhat * (dscale * (1.0 / n)))
-  groups = tuple(range(dbias.ndim - 1))
-  return dx, jnp.sum(dscale, groups), jnp.sum(dbias, groups)
+  # Means, not sums, as in the forward pass: the (2, c) products were kernels of their own.
+  means = jnp.sum(jnp.stack([dy * xhat, dy]) * (1.0 / n), tuple(d + 1 for d in axes),
+                  keepdims=True)
+  dx = (inv * scale) * (dy - means[1] - xhat * means[0])
+  # The scale's and the bias's gradients: the sums over every group, stacked as the parameter.
+  return dx, jnp.sum(means, tuple(range(1, means.ndim - 1))).reshape(2, -1) * n
 
 
 _local_batch_norm.defvjp(_local_batch_norm_fwd, _local_batch_norm_bwd)
@@ -377,13 +396,13 @@ def conv(x, features: int, kernel: int, strides: int = 1, name: str | None = Non
 
 
 def stem(x, width: int, bn_span, dtype, train: bool, layout: str = "HWIO",
-         stat_groups: int = 0, pool_backward: str = "xla", bn_moments: str = "separate"):
+         stat_groups: int = 0, pool_backward: str = "xla", bn_stacked: bool = False):
   """conv1 (7x7, stride 2) "stem", batch norm, ReLU, 3x3 stride-2 max pool; called inside a
   compact module, whose parameters it names ("stem", "BatchNorm_0"). `pool_backward`:
-  `benchmarks.config.POOL_BACKWARDS`; `bn_moments`: `BatchNorm.moments`."""
+  `benchmarks.config.POOL_BACKWARDS`; `bn_stacked`: `BatchNorm.stacked`."""
   x = conv(x, width, 7, 2, name="stem", dtype=dtype, layout=layout)
   x = nn.relu(BatchNorm(bn_span, dtype=dtype, stat_groups=stat_groups,
-                        moments=bn_moments)(x, train))
+                        stacked=bn_stacked)(x, train))
   if pool_backward == "xla" or splits(x, ACT, SPATIAL_DIMS):
     # XLA's reduce-window, whose transpose is its select-and-scatter. Also where the image is
     # split over height or width (spatial partitioning): XLA's SPMD partitioner exchanges the
@@ -402,12 +421,12 @@ class Block(nn.Module):
   dtype: Any
   kernel_layout: str = "HWIO"
   stat_groups: int = 0
-  bn_moments: str = "separate"
+  bn_stacked: bool = False
 
   @nn.compact
   def __call__(self, x, train: bool):
     bn = lambda zero=False: BatchNorm(self.bn_span, zero_scale=zero, dtype=self.dtype,
-                                      stat_groups=self.stat_groups, moments=self.bn_moments)
+                                      stat_groups=self.stat_groups, stacked=self.bn_stacked)
     cv = functools.partial(conv, dtype=self.dtype, layout=self.kernel_layout)
     out_features = self.features * (4 if self.bottleneck else 1)
     residual = x

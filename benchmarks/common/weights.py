@@ -8,9 +8,10 @@ The variables are the Flax ones of `benchmarks.resnet.model.ResNet`:
   e.g. "params/Block_0/Conv_0/kernel" (what `convert_torch` writes from torchvision weights).
 - `load(path)` reads such an .npz, or a training run's orbax checkpoint (the run's output_dir,
   its checkpoints/ folder or one step folder; the latest step is taken), as numpy arrays on the
-  host: convolution kernels HWIO (a run of `--kernel_layout=OHWI` stores them OHWI), running
-  statistics one per channel (a run of `--bn_group_stats` keeps one per group: averaged). SSD's
-  backbone loads ImageNet-pretrained ResNet-34 weights through it.
+  host: convolution kernels HWIO (a run of `--kernel_layout=OHWI` stores them OHWI), batch
+  norm's scale and bias apart (a run of `--bn_stacked` keeps them as one (2, c) "scale_bias"),
+  running statistics one per channel (a run of `--bn_group_stats` keeps one per group:
+  averaged). SSD's backbone loads ImageNet-pretrained ResNet-34 weights through it.
 """
 
 from __future__ import annotations
@@ -79,6 +80,28 @@ def to_hwio(params, layout: str):
 def from_hwio(params, layout: str):
   """HWIO parameters (a weight file's, a checkpoint's) with their kernels stored in `layout`."""
   return params if layout == "HWIO" else _each_kernel(params, HWIO_TO_OHWI)
+
+
+def split_batch_norms(params):
+  """`params` (nested mappings) with every batch norm's (2, c) "scale_bias" (`--bn_stacked`,
+  `convnet.BatchNorm.stacked`) as its "scale" and "bias", as weight files hold them."""
+  out = {}
+  for k, v in params.items():
+    if isinstance(v, Mapping):
+      out[k] = split_batch_norms(v)
+    elif k == "scale_bias":
+      out["scale"], out["bias"] = v[0], v[1]
+    else:
+      out[k] = v
+  return out
+
+
+def stack_batch_norms(params):
+  """`split_batch_norms`' inverse: every mapping that holds exactly "scale" and "bias" (a batch
+  norm's parameters; nothing else has a scale) as one (2, c) "scale_bias"."""
+  if set(params) == {"scale", "bias"} and not isinstance(params["scale"], Mapping):
+    return {"scale_bias": np.stack([np.asarray(params["scale"]), np.asarray(params["bias"])])}
+  return {k: stack_batch_norms(v) if isinstance(v, Mapping) else v for k, v in params.items()}
 
 
 def check_kernel_layout(layout: str) -> None:
@@ -297,4 +320,5 @@ def load(path: str) -> dict[str, Any]:
   if stem_layout(variables["params"]["stem"]["kernel"].shape) == "OHWI":
     # A run that stored its kernels OHWI (--kernel_layout=OHWI): HWIO, as every file here is.
     variables = {**variables, "params": to_hwio(variables["params"], "OHWI")}
-  return variables
+  # A run of --bn_stacked: each batch norm's scale and bias apart.
+  return {**variables, "params": split_batch_norms(variables["params"])}

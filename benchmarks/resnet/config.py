@@ -8,7 +8,6 @@ from benchmarks.common.stages import STAGES
 from benchmarks.common.weights import check_kernel_layout
 from benchmarks.config import (
   Common,
-  check_bn_moments,
   check_pool_backward,
   fraction,
   non_negative,
@@ -45,7 +44,7 @@ class Config(Common):
   kernel_layout: str = "HWIO"       # convolution kernels stored HWIO, or OHWI (cuDNN's: GPUs)
   bn_group_stats: bool = False      # running statistics kept per batch-norm group (GPUs)
   pool_backward: str = "xla"        # the stem pool's backward: xla, or index (GPUs)
-  bn_moments: str = "separate"      # batch norm's training moments: separate, or stacked (GPUs)
+  bn_stacked: bool = False          # batch norm as one (2, c) scale and bias, stacked sums (GPUs)
   # Optimizer (MLPerf ResNet keys).
   optimizer: str = "lars"
   base_learning_rate: float = 31.2
@@ -106,7 +105,7 @@ PRESETS = {
         eval_epochs=tuple(range(3, 37, 4)), optimizer="lars", base_learning_rate=11.0,
         warmup_epochs=2.0, schedule_epochs=37.0, weight_decay=5e-5, momentum=0.9,
         bn_span=400, target_accuracy=0.759, kernel_layout="OHWI",
-        bn_group_stats=True, pool_backward="index", bn_moments="stacked"),
+        bn_group_stats=True, pool_backward="index", bn_stacked=True),
     # A 64-chip TPU v4 slice (v4:4x4x4), with Google's MLPerf Training v1.0 ResNet-50 on the
     # same 64 chips (mlcommons/training_results_v1.0, Google/results/tpu-v4-128-TF/resnet/
     # result_0.txt; Google/benchmarks/resnet/implementations/tpu-v4-128-TF/run_and_time.sh):
@@ -154,7 +153,6 @@ def validate(c: Config) -> None:
                     f"in numpy: use --data_loader=grain with it")
   check_kernel_layout(c.kernel_layout)
   check_pool_backward(c)
-  check_bn_moments(c)
   if c.optimizer not in OPTIMIZERS:
     raise UserError(f"--optimizer={c.optimizer}: choose one of {', '.join(OPTIMIZERS)}")
   if c.model_depth not in STAGES:

@@ -27,19 +27,19 @@ class ResNet(nn.Module):
   kernel_layout: str = "HWIO"       # convolution kernels: HWIO or OHWI (weights.KERNEL_LAYOUTS)
   bn_stat_groups: int = 0           # batch norm's running statistics per group (BatchNorm)
   pool_backward: str = "xla"        # the stem pool's backward pass (config.POOL_BACKWARDS)
-  bn_moments: str = "separate"      # batch norm's training moments (config.BN_MOMENTS)
+  bn_stacked: bool = False          # batch norm stacked (BatchNorm.stacked)
 
   @nn.compact
   def __call__(self, x, train: bool):
     stages, bottleneck = STAGES[self.depth]
     x = constrain(x.astype(self.dtype), ("batch", "height", "width", None))  # RGB: not split
     x = stem(x, self.width, self.bn_span, self.dtype, train, self.kernel_layout,
-             self.bn_stat_groups, self.pool_backward, self.bn_moments)
+             self.bn_stat_groups, self.pool_backward, self.bn_stacked)
     for i, blocks in enumerate(stages):
       for j in range(blocks):
         x = Block(self.width * 2**i, 2 if (i > 0 and j == 0) else 1, bottleneck, self.bn_span,
                   self.dtype, self.kernel_layout, self.bn_stat_groups,
-                  self.bn_moments)(x, train)
+                  self.bn_stacked)(x, train)
     f = param_dtype(self.dtype)
     x = constrain(jnp.mean(x.astype(f), axis=(1, 2)), ("batch", "channels"))
     x = nn.Dense(self.num_classes, dtype=f, param_dtype=f,

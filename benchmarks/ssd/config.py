@@ -8,7 +8,6 @@ from benchmarks.common import weights
 from benchmarks.common.stages import STAGES
 from benchmarks.config import (
   Common,
-  check_bn_moments,
   check_pool_backward,
   fraction,
   non_negative,
@@ -47,7 +46,7 @@ class Config(Common):
   kernel_layout: str = "HWIO"       # convolution kernels stored HWIO, or OHWI (cuDNN's: GPUs)
   bn_group_stats: bool = False      # running statistics kept per batch-norm group (GPUs)
   pool_backward: str = "xla"        # the stem pool's backward: xla, or index (GPUs)
-  bn_moments: str = "separate"      # batch norm's training moments: separate, or stacked (GPUs)
+  bn_stacked: bool = False          # batch norm as one (2, c) scale and bias, stacked sums (GPUs)
   # Loss and detection.
   match_iou: float = 0.5
   negative_ratio: int = 3
@@ -111,7 +110,7 @@ PRESETS = {
         eval_epochs=(40, 50, 55, 60, 65, 70, 75, 80), base_learning_rate=0.003157,
         warmup_steps=642, warmup_factor=0.0, decay_epochs=(44, 55), weight_decay=1.3e-4,
         bn_span=114, target_map=0.23, kernel_layout="OHWI",
-        bn_group_stats=True, pool_backward="index", bn_moments="stacked"),
+        bn_group_stats=True, pool_backward="index", bn_stacked=True),
     # A 64-chip TPU v4 slice (v4:4x4x4), with Google's MLPerf Training v1.0 SSD on the same 64
     # chips (mlcommons/training_results_v1.0, Google/results/tpu-v4-128-TF/ssd/result_0.txt;
     # Google/benchmarks/ssd/implementations/tpu-v4-128-TF/run_and_time.sh): batch 1024, 0.0031
@@ -188,7 +187,6 @@ def validate(c: Config) -> None:
   require(c, ("bn_span",), lambda v: v >= 0, "must be >= 0 (0: the per-replica batch)")
   weights.check_kernel_layout(c.kernel_layout)
   check_pool_backward(c)
-  check_bn_moments(c)
   _check_feature_maps(c)
   if c.backbone_checkpoint:
     _check_backbone_checkpoint(c)

@@ -43,18 +43,18 @@ class Backbone(nn.Module):
   kernel_layout: str = "HWIO"
   bn_stat_groups: int = 0
   pool_backward: str = "xla"
-  bn_moments: str = "separate"
+  bn_stacked: bool = False
 
   @nn.compact
   def __call__(self, x, train: bool):
     stages, bottleneck = STAGES[self.depth]
     x = stem(x, self.width, self.bn_span, self.dtype, train, self.kernel_layout,
-             self.bn_stat_groups, self.pool_backward, self.bn_moments)
+             self.bn_stat_groups, self.pool_backward, self.bn_stacked)
     for i, blocks in enumerate(stages[:3]):         # conv2_x .. conv4_x; conv5_x removed
       for j in range(blocks):
         stride = 2 if (i == 1 and j == 0) else 1    # conv4_1 keeps the resolution
         x = Block(self.width * 2**i, stride, bottleneck, self.bn_span, self.dtype,
-                  self.kernel_layout, self.bn_stat_groups, self.bn_moments)(x, train)
+                  self.kernel_layout, self.bn_stat_groups, self.bn_stacked)(x, train)
     return x
 
 
@@ -69,7 +69,7 @@ class SSD(nn.Module):
   kernel_layout: str = "HWIO"       # convolution kernels: HWIO or OHWI (weights.KERNEL_LAYOUTS)
   bn_stat_groups: int = 0           # batch norm's running statistics per group (BatchNorm)
   pool_backward: str = "xla"        # the stem pool's backward pass (config.POOL_BACKWARDS)
-  bn_moments: str = "separate"      # batch norm's training moments (config.BN_MOMENTS)
+  bn_stacked: bool = False          # batch norm stacked (BatchNorm.stacked)
 
   @nn.compact
   def __call__(self, image, train: bool):
@@ -79,7 +79,7 @@ class SSD(nn.Module):
     x = normalize_imagenet(image, f)
     x = constrain(x.astype(self.dtype), ("batch", "height", "width", None))
     x = Backbone(self.depth, self.width, self.bn_span, self.dtype, self.kernel_layout,
-                 self.bn_stat_groups, self.pool_backward, self.bn_moments,
+                 self.bn_stat_groups, self.pool_backward, self.bn_stacked,
                  name="Backbone")(x, train)
     cv = functools.partial(conv, dtype=self.dtype, layout=self.kernel_layout)
     maps = [x]
@@ -88,7 +88,7 @@ class SSD(nn.Module):
     mids = (256, 256, 128, 128, 128, 128)
     for i, stride in enumerate(self.extra_blocks):
       bn = lambda: BatchNorm(self.bn_span, dtype=self.dtype, stat_groups=self.bn_stat_groups,
-                             moments=self.bn_moments)
+                             stacked=self.bn_stacked)
       k = min(i, len(outs) - 1)
       y = nn.relu(bn()(cv(x, int(mids[k] * scale), 1), train))
       if stride:

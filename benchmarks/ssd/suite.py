@@ -44,7 +44,7 @@ def make_model(cfg: Config, bn_span: int | None, replicas: int = 1) -> SSD:
              cfg.extra_blocks, cfg.backbone_depth, cfg.backbone_width,
              bn_span, dtype, cfg.kernel_layout,
              stat_groups(cfg.bn_group_stats, cfg.global_batch_size, bn_span, replicas),
-             cfg.pool_backward, cfg.bn_moments)
+             cfg.pool_backward, cfg.bn_stacked)
 
 
 def schedule(cfg: Config, steps_per_epoch: int):
@@ -95,8 +95,9 @@ def to_coco(boxes, scores, classes, image_ids, sizes, category_ids) -> np.ndarra
 
 def backbone_weights(cfg: Config) -> dict:
   """The backbone's part of a ResNet checkpoint (stem, conv2_x..conv4_x), its kernels in
-  `--kernel_layout`, placed where the SSD keeps it: {"params": {"Backbone": ...},
-  "model_state": {"batch_stats": {"Backbone": ...}}} (running statistics one per channel)."""
+  `--kernel_layout` and its batch norms stacked where `--bn_stacked`, placed where the SSD
+  keeps it: {"params": {"Backbone": ...}, "model_state": {"batch_stats": {"Backbone": ...}}}
+  (running statistics one per channel)."""
   w = weights.load(cfg.backbone_checkpoint)
   blocks = sum(STAGES[cfg.backbone_depth][0][:3])
   names = {"stem", "BatchNorm_0"} | {f"Block_{i}" for i in range(blocks)}
@@ -105,7 +106,9 @@ def backbone_weights(cfg: Config) -> dict:
   if missing:
     raise UserError(f"--backbone_checkpoint={cfg.backbone_checkpoint} lacks {sorted(missing)}: "
                     f"is it a ResNet-{cfg.backbone_depth}?")
-  return {"params": {"Backbone": from_hwio(part(w["params"]), cfg.kernel_layout)},
+  params = from_hwio(part(w["params"]), cfg.kernel_layout)
+  params = weights.stack_batch_norms(params) if cfg.bn_stacked else params
+  return {"params": {"Backbone": params},
           "model_state": {"batch_stats": {"Backbone": part(w["batch_stats"])}}}
 
 
