@@ -105,7 +105,7 @@ class BatchNorm(nn.Module):
         if self.stacked:
           y, mean, var = _local_batch_norm(g, scale_bias, self.epsilon, span != b)
         else:
-          axes = tuple(range(0 if span == b else 1, g.ndim - 1))
+          axes, _ = _reduced(g, span != b)
           mean = jnp.mean(g, axes, keepdims=True)
           var = _variance(mean, jnp.mean(jnp.square(g), axes, keepdims=True))
           y = _normalize(g, mean, var, scale, bias, self.epsilon)
