@@ -265,6 +265,17 @@ def test_eval_padding_counts_every_example_once(processes):
   assert sorted(seen) == list(range(n))
 
 
+def test_digit_scans_are_scikit_learns_load_digits():
+  """Read from the CSV scikit-learn ships, without importing it: the same scans and labels as
+  its own loader (the independent baseline)."""
+  from sklearn.datasets import load_digits
+  ref = load_digits()
+  scans, labels = data_lib.digit_scans()
+  assert scans.shape == (1797, 8, 8) and scans.dtype == ref.images.dtype
+  np.testing.assert_array_equal(scans, ref.images)
+  np.testing.assert_array_equal(labels, ref.target)
+
+
 def test_digits_processes_share_each_global_batch():
   cfg = dataclasses.replace(PRESETS["cpu"], global_batch_size=32)
   full = next(data_lib.make(cfg).train(3))

@@ -9,7 +9,9 @@ are float32, normalized already.
 
 from __future__ import annotations
 
+import importlib.util
 import io
+import os
 
 import jax
 import numpy as np
@@ -69,18 +71,31 @@ def describe(cfg, process_count: int = 1) -> Data | None:
 
 # --- scikit-learn digits: 1,797 real 8x8 scans, shipped with scikit-learn (no download) -------
 
+def digit_scans() -> tuple[np.ndarray, np.ndarray]:
+  """scikit-learn's digits as `sklearn.datasets.load_digits` returns them: (images (1797, 8, 8)
+  of 0..16 as float64, labels), read from the file it reads, the `datasets/data/digits.csv.gz`
+  scikit-learn ships (one scan a row, its 64 pixels then its label), without importing
+  scikit-learn: `sklearn.datasets` imports scipy and pandas, 1.5 s of CPU in each process that
+  trains on digits (`python -X importtime`, 2026-12-06)."""
+  spec = importlib.util.find_spec("sklearn")
+  if spec is None or not spec.submodule_search_locations:
+    raise UserError("--dataset=digits reads the digits scikit-learn ships, and scikit-learn is "
+                    "not installed: run ./run.sh, which installs pyproject.toml's dependencies")
+  path = os.path.join(list(spec.submodule_search_locations)[0], "datasets", "data",
+                      "digits.csv.gz")
+  data = np.loadtxt(path, delimiter=",")
+  return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(np.int64)
+
+
 def load_digits(image_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
   """(train_x, train_y, eval_x, eval_y): a fixed 80/20 split, images upsampled to image_size."""
-  from sklearn.datasets import (
-    load_digits as sk_digits,
-  )
-  d = sk_digits()
-  images = (d.images / 16.0 * 255).astype(np.uint8)
+  scans, labels = digit_scans()
+  images = (scans / 16.0 * 255).astype(np.uint8)
   resized = np.stack([np.asarray(Image.fromarray(im).resize((image_size, image_size),
                                                             Image.BILINEAR)) for im in images])
   x = (resized.astype(np.float32) / 255.0 - 0.5) / 0.5
   x = np.repeat(x[..., None], 3, axis=-1)
-  y = d.target.astype(np.int32)
+  y = labels.astype(np.int32)
   order = np.random.default_rng(1234).permutation(len(y))
   x, y = x[order], y[order]
   n_eval = len(y) // 5
