@@ -183,6 +183,36 @@ def test_attention_through_jax_dot_product_attention_equals_the_written_out_one(
   np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-13)
 
 
+@pytest.mark.parametrize("cross", [False, True])
+def test_training_projects_query_key_value_in_one_matmul_with_the_same_values(cross):
+  """In training the projections of one input are one matmul of the stacked weights (self
+  attention: query, key and value; cross attention: key and value of the encoder's output).
+  In float64 without dropout, the training output and the gradients of every weight and input
+  equal the evaluation path's, which projects with one matmul a weight; and the training
+  step's jaxpr has the stacked matmul (3 or 2 weights), the evaluation's none."""
+  from benchmarks.common.transformer import Attention, attention_bias
+  rng = np.random.default_rng(0)
+  seg = jnp.asarray([[1, 1, 1, 2, 2, 0], [1, 1, 1, 1, 1, 1]])
+  with jax.enable_x64(True):
+    att = Attention(num_heads=4, d_kv=8, dropout=0.0, dtype=jnp.float64)
+    x = jnp.asarray(rng.normal(size=(2, 6, 16)), jnp.float64)
+    kv = jnp.asarray(rng.normal(size=(2, 6, 16)), jnp.float64) if cross else x
+    bias = attention_bias(seg, seg, causal=not cross).astype(jnp.float64)
+    params = att.init(jax.random.PRNGKey(0), x, kv, bias, False)
+
+    def loss(p, x, kv, train):
+      kv = x if not cross else kv
+      return jnp.sum(jnp.sin(att.apply(p, x, kv, bias, train)))
+    stacked = {t: re.findall(r"f64\[2,6,(\d),4,8\] = dot_general",
+                             str(jax.make_jaxpr(loss, static_argnums=3)(params, x, kv, t)))
+               for t in (True, False)}
+    assert stacked == {True: ["2" if cross else "3"], False: []}, stacked
+    got = jax.value_and_grad(loss, argnums=(0, 1, 2))(params, x, kv, True)
+    want = jax.value_and_grad(loss, argnums=(0, 1, 2))(params, x, kv, False)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12, atol=1e-13)
+
+
 @pytest.mark.parametrize("train", [True, False])
 def test_the_softmax_runs_in_bfloat16_only_under_softmax_compute(train):
   """`--softmax_dtype=compute` (tensor2tensor's bfloat16 attention): the exponentials of the
