@@ -107,6 +107,8 @@ class Attention(nn.Module):
       q, (k, v) = proj(x, wq), projs(kv, (wk, wv))
     else:
       q = proj(x, wq)
+      if not cache:
+        k, v = proj(kv, wk), proj(kv, wv)
     q = q * (self.d_kv ** -0.5)
     if (not cache and not (train and self.dropout > 0) and dt != jnp.float64
         and self.softmax == "float32"):
@@ -115,8 +117,6 @@ class Attention(nn.Module):
       # is opt-in (jax.nn.dot_product_attention's docs) and takes a bias as long as the logits
       # (its T and S), so the padding bias is broadcast. Attention dropout needs the weights, and
       # jax's softmax in float32 would round float64 exactness runs: those take the path below.
-      if not fused:
-        k, v = proj(kv, wk), proj(kv, wv)
       b = bias.astype(dt)
       if self.implementation == "cudnn":
         b = jnp.broadcast_to(b, b.shape[:2] + (q.shape[1], k.shape[1]))
@@ -125,8 +125,6 @@ class Attention(nn.Module):
           implementation="cudnn" if self.implementation == "cudnn" else None)
       return constrain(jnp.einsum("bqhk,hkd->bqd", constrain(o, HEADS), wo.astype(dt)), EMB)
     if not cache:
-      if not fused:
-        k, v = proj(kv, wk), proj(kv, wv)
       logits = jnp.einsum("bqhk,bshk->bhqs", q, k)
     else:
       # Cached keys and values are kept as (batch, heads, d_kv, length), the layout the decoding
