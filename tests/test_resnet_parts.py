@@ -2,6 +2,7 @@
 padding, digits sharding."""
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -44,15 +45,16 @@ def test_batch_norm_groups_of_span_examples(span):
 
 
 @pytest.mark.parametrize("span", [None, 2])
-@pytest.mark.parametrize("stacked", [False, True])
-def test_batch_norm_gradients_are_autodiffs_of_the_formula(span, stacked):
-  """Both forms of batch norm (`--bn_stacked`: one (2, c) parameter and a gradient written out,
-  `convnet._local_batch_norm`) against jax's autodiff of the textbook formula in float64,
-  through a nonlinear loss: the outputs, and the input's, scale's and bias's gradients."""
+@pytest.mark.parametrize("stacked,residual", [(False, False), (True, False), (True, True)])
+def test_batch_norm_gradients_are_autodiffs_of_the_formula(span, stacked, residual):
+  """Every form of batch norm (`--bn_stacked`: one (2, c) parameter and a gradient written out,
+  `convnet._local_batch_norm`; with `residual`, its backward sums one variadic reduction)
+  against jax's autodiff of the textbook formula in float64, through a nonlinear loss: the
+  outputs, and the input's, scale's and bias's gradients."""
   with jax.enable_x64(True):
     rng = np.random.default_rng(1)
     x = jnp.asarray(rng.standard_normal((8, 3, 3, 5)) * 3 + 1)
-    bn = BatchNorm(span=span, dtype=jnp.float64, stacked=stacked)
+    bn = BatchNorm(span=span, dtype=jnp.float64, stacked=stacked, residual=residual)
     params = {"scale": jnp.asarray(rng.standard_normal(5)),
               "bias": jnp.asarray(rng.standard_normal(5))}
 
@@ -70,6 +72,9 @@ def test_batch_norm_gradients_are_autodiffs_of_the_formula(span, stacked):
       return jnp.sum(jnp.sin(y) * jnp.arange(5.0))
 
     got, want = (jax.value_and_grad(f, argnums=(0, 1))(params, x) for f in (ours, formula))
+    # The residual form's backward pass reduces the pair in one reduction of two operands.
+    jaxpr = str(jax.make_jaxpr(jax.grad(ours, argnums=(0, 1)))(params, x))
+    assert len(re.findall(r"\] = reduce\[", jaxpr)) == (1 if residual else 0), jaxpr
     np.testing.assert_allclose(got[0], want[0], rtol=1e-12)
     for a, b in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1])):
       np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)

@@ -52,6 +52,11 @@ class BatchNorm(nn.Module):
   # padded tiles (the `tpu-v4-128` ResNet step 44.0 -> 88.4 ms modelled, 2026-12-06). Weight
   # files hold "scale" and "bias" either way (`weights.load`, `weights.stack_batch_norms`).
   stacked: bool = False
+  # Stacked only: this batch norm's output is summed with a residual before a ReLU, whose
+  # backward pass is then a kernel of its own (the shortcut reads it too). The backward pass's
+  # sums are one variadic reduction of the pair, whose input has that kernel's shape, so XLA's
+  # GPU compiler fuses the kernel into it (`_local_batch_norm`).
+  residual: bool = False
 
   @nn.compact
   def __call__(self, x, train: bool):
@@ -103,7 +108,8 @@ class BatchNorm(nn.Module):
         # One group (span = the batch): no group axis, the moments reduce over (N, H, W).
         g = x.astype(f) if span == b else x.astype(f).reshape((b // span, span) + x.shape[1:])
         if self.stacked:
-          y, mean, var = _local_batch_norm(g, scale_bias, self.epsilon, span != b)
+          y, mean, var = _local_batch_norm(g, scale_bias, self.epsilon, span != b,
+                                            self.residual)
         else:
           axes, _ = _reduced(g, span != b)
           mean = jnp.mean(g, axes, keepdims=True)
@@ -132,8 +138,8 @@ class BatchNorm(nn.Module):
     return y.astype(self.dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def _local_batch_norm(x, scale_bias, epsilon: float, grouped: bool):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def _local_batch_norm(x, scale_bias, epsilon: float, grouped: bool, residual: bool):
   """Batch norm of `x` over all its dimensions but the last (channels), and the first where
   `grouped` (one set of statistics per group), scaled and shifted by `scale_bias` (2, c):
   (y, mean, var), mean and var with x's dimensions kept. What `_variance` and `_normalize`
@@ -148,8 +154,15 @@ def _local_batch_norm(x, scale_bias, epsilon: float, grouped: bool):
   gradients' all-reduce and an update of its own: ResNet-50's GPU step on 8 x H200 went 1,191
   -> 876 kernels, 145.8 -> 142.7 GB of HBM traffic, 57.1 -> 53.2 ms modelled (2026-12-06).
   The mean and variance outputs feed the running statistics only: their cotangents are
-  zero."""
-  return _local_batch_norm_fwd(x, scale_bias, epsilon, grouped)[0]
+  zero.
+
+  `residual` (`BatchNorm.residual`): dy is a ReLU's backward pass that XLA writes out, as the
+  shortcut reads it too. The stacked pair's reduction reads it back; one variadic reduction of
+  the unstacked pair has an input of dy's shape, and XLA's GPU compiler fuses dy's kernel into
+  it (one kernel reads the ReLU's output, its gradient and x, and writes dy and the sums). ResNet-
+  50's GPU step on 8 x H200: 876 -> 887 kernels (the pair stacked afterwards is a kernel of its
+  own), 142.7 -> 141.4 GB, 53.2 -> 52.9 ms modelled (2026-12-06)."""
+  return _local_batch_norm_fwd(x, scale_bias, epsilon, grouped, residual)[0]
 
 
 def _reduced(x, grouped: bool) -> tuple[tuple[int, ...], int]:
@@ -158,7 +171,8 @@ def _reduced(x, grouped: bool) -> tuple[tuple[int, ...], int]:
   return axes, math.prod(x.shape[d] for d in axes)
 
 
-def _local_batch_norm_fwd(x, scale_bias, epsilon, grouped):
+def _local_batch_norm_fwd(x, scale_bias, epsilon, grouped, residual):
+  del residual
   axes, n = _reduced(x, grouped)
   scale, bias = scale_bias[0], scale_bias[1]
   # Each element scaled before the sum: scaled after, the (2, c) product was a kernel of its own
@@ -173,15 +187,21 @@ def _local_batch_norm_fwd(x, scale_bias, epsilon, grouped):
   return (y, mean, var), (x, mean, inv, scale)
 
 
-def _local_batch_norm_bwd(epsilon, grouped, residuals, cotangents):
+def _local_batch_norm_bwd(epsilon, grouped, residual, residuals, cotangents):
   del epsilon
   x, mean, inv, scale = residuals
   dy = cotangents[0]
   axes, n = _reduced(x, grouped)
   xhat = (x - mean) * inv
   # Means, not sums, as in the forward pass: the (2, c) products were kernels of their own.
-  means = jnp.sum(jnp.stack([dy * xhat, dy]) * (1.0 / n), tuple(d + 1 for d in axes),
-                  keepdims=True)
+  if residual:
+    zero = jnp.zeros((), x.dtype)
+    pair = jax.lax.reduce((dy * xhat * (1.0 / n), dy * (1.0 / n)), (zero, zero),
+                          lambda a, b: (a[0] + b[0], a[1] + b[1]), axes)
+    means = jnp.stack([jnp.expand_dims(m, axes) for m in pair])
+  else:
+    means = jnp.sum(jnp.stack([dy * xhat, dy]) * (1.0 / n), tuple(d + 1 for d in axes),
+                    keepdims=True)
   dx = (inv * scale) * (dy - means[1] - xhat * means[0])
   # The scale's and the bias's gradients: the sums over every group, stacked as the parameter.
   return dx, jnp.sum(means, tuple(range(1, means.ndim - 1))).reshape(2, -1) * n
@@ -425,8 +445,11 @@ class Block(nn.Module):
 
   @nn.compact
   def __call__(self, x, train: bool):
-    bn = lambda zero=False: BatchNorm(self.bn_span, zero_scale=zero, dtype=self.dtype,
-                                      stat_groups=self.stat_groups, stacked=self.bn_stacked)
+    # `BatchNorm.residual` in bottleneck blocks only: SSD's backbone of basic blocks on 8 x H200
+    # modelled 29.7 -> 29.8 ms with it (765 -> 777 kernels), ResNet-50 53.2 -> 52.9 (2026-12-06).
+    bn = lambda zero=False, residual=False: BatchNorm(
+        self.bn_span, zero_scale=zero, dtype=self.dtype, stat_groups=self.stat_groups,
+        stacked=self.bn_stacked, residual=residual)
     cv = functools.partial(conv, dtype=self.dtype, layout=self.kernel_layout)
     out_features = self.features * (4 if self.bottleneck else 1)
     residual = x
@@ -434,12 +457,12 @@ class Block(nn.Module):
       y = nn.relu(bn()(cv(x, self.features, 1), train))
       # v1.5: the stride is on the 3x3 convolution.
       y = nn.relu(bn()(cv(y, self.features, 3, self.strides), train))
-      y = bn(True)(cv(y, out_features, 1), train)
+      y = bn(True, True)(cv(y, out_features, 1), train)
     else:
       y = nn.relu(bn()(cv(x, self.features, 3, self.strides), train))
       y = bn(True)(cv(y, out_features, 3), train)
     if residual.shape != y.shape:
-      residual = bn()(cv(x, out_features, 1, self.strides), train)
+      residual = bn(residual=self.bottleneck)(cv(x, out_features, 1, self.strides), train)
     return layer_output(constrain(relu_by_output(y + residual), ACT))
 
 
