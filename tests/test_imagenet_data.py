@@ -2,6 +2,7 @@
 the real `imagenet2012` builder's features and writer, read without TensorFlow."""
 
 import sys
+import tempfile
 
 import jax
 import numpy as np
@@ -66,6 +67,18 @@ def test_trains_an_epoch_on_it(imagenet_dir, tmp_path):
                            quiet=True))
   assert s["dataset"] == "imagenet2012" and s["steps"] == N_TRAIN // 16
   assert s["evals"][0]["epoch_num"] == 1 and 0 <= s["final_quality"] <= 1
+
+
+def test_writing_leaves_no_temporary_folder(tmp_path, monkeypatch):
+  """tensorflow-datasets' builder makes an empty `tempfile.mkdtemp("tfds")` folder it never
+  removes when its GCS bucket is out of reach; writing ImageNet (as `tools.perf.pipelines`
+  does) leaves nothing in the temporary folder."""
+  tmp = tmp_path / "tmp"
+  tmp.mkdir()
+  monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+  data_lib.write_imagenet(str(tmp_path / "tfds"), 2, 1)
+  assert list(tmp.iterdir()) == []
+  assert list((tmp_path / "tfds").glob("imagenet2012/*/dataset_info.json"))
 
 
 def test_missing_or_wrong_dataset_is_a_clear_error(tmp_path):

@@ -29,6 +29,7 @@ from benchmarks.data import (
   padded,
   process_indices,
   subset_note,
+  tfds_temp_folders_removed,
 )
 from benchmarks.resnet import dali
 from benchmarks.resnet.config import IMAGENET_TRAIN_EXAMPLES
@@ -372,6 +373,8 @@ def write_imagenet(root: str, num_train: int, num_eval: int, sizes: tuple[int, i
         yield name, {"image": io.BytesIO(random_jpeg(rng, h, w, photo)),
                      "label": (7 * i) % 1000, "file_name": name}
 
-  SmallImagenet(data_dir=root, file_format="array_record").download_and_prepare(
+  with tfds_temp_folders_removed():
+    builder = SmallImagenet(data_dir=root, file_format="array_record")
+  builder.download_and_prepare(
       download_config=tfds.download.DownloadConfig(manual_dir=f"{root}/manual"))
   return root
