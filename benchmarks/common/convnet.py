@@ -457,7 +457,7 @@ class Block(nn.Module):
       y = nn.relu(bn()(cv(x, self.features, 1), train))
       # v1.5: the stride is on the 3x3 convolution.
       y = nn.relu(bn()(cv(y, self.features, 3, self.strides), train))
-      y = bn(True, True)(cv(y, out_features, 1), train)
+      y = bn(True, residual=True)(cv(y, out_features, 1), train)
     else:
       y = nn.relu(bn()(cv(x, self.features, 3, self.strides), train))
       y = bn(True)(cv(y, out_features, 3), train)
