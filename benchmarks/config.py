@@ -76,12 +76,20 @@ DROPOUT_RNG = ("threefry", "rbg")
 # (`common_attention.maybe_upcast`), so with bfloat16 ones its softmax ran in bfloat16.
 SOFTMAX = ("float32", "compute")
 # The backward pass of the stem's 3x3 max pool (`--pool_backward`, ResNet and SSD): `xla`, XLA's
-# select-and-scatter (jax's reduce_window transpose); `index`, `convnet.max_pool_3x3`'s, which
+# select-and-scatter (jax's reduce_window transpose); `index`, `convnet.relu_max_pool_3x3`'s, which
 # saves which of the 9 window positions won (int8) and places the gradient by 9 dilated pads.
 # The same values and gradients; `index` is the GPU presets' (fewer bytes through XLA's GPU
 # compiler), `xla` the TPU's (the TPU compiler's select-and-scatter is the cheaper there:
 # docs/gpu.md and docs/pod.md give both).
 POOL_BACKWARDS = ("xla", "index")
+# The backward pass of a residual block's last ReLU (`--relu_backward`, ResNet and SSD): `output`,
+# `convnet.relu_by_output`'s, which reads the ReLU's output (saved anyway as the next block's
+# input); `mask`, `convnet.relu_by_mask`'s, which reads where the input was positive, saved as
+# one byte an element. The same values and gradients; `mask` is the ResNet GPU preset's (XLA's
+# GPU compiler then fuses the first stage's ReLU backward into batch norm's, docs/gpu.md),
+# `output` everyone else's (the mask is one more buffer a block: the TPU compiler's ResNet step
+# is the slower with it).
+RELU_BACKWARDS = ("output", "mask")
 def _kind(value: Any) -> str | None:
   """What a config value is, as overrides must match it: None for a field without a value."""
   if value is None:
@@ -190,6 +198,12 @@ def check_pool_backward(c) -> None:
   if c.pool_backward not in POOL_BACKWARDS:
     raise UserError(f"--pool_backward={c.pool_backward}: choose one of "
                     f"{', '.join(POOL_BACKWARDS)} (index for NVIDIA GPUs, xla elsewhere)")
+
+
+def check_relu_backward(c) -> None:
+  if c.relu_backward not in RELU_BACKWARDS:
+    raise UserError(f"--relu_backward={c.relu_backward}: choose one of "
+                    f"{', '.join(RELU_BACKWARDS)} (mask for NVIDIA GPUs, output elsewhere)")
 
 
 def check_dropout_rng(c) -> None:

@@ -293,6 +293,8 @@ CASES = [
     ("main", ["resnet", "--layout=batch:data;;"], "empty entry"),
     ("main", ["resnet", "--kernel_layout=OIHW"], "--kernel_layout=OIHW: choose one of HWIO, OHWI"),
     ("main", ["ssd", "--pool_backward=scan"], "--pool_backward=scan: choose one of xla, index"),
+    ("main", ["resnet", "--relu_backward=input"],
+     "--relu_backward=input: choose one of output, mask"),
     ("main", ["resnet", "--mesh=data:4,model:2",
               "--layout=batch:data;in_channels:model;channels:model"],
      "both split over mesh axis 'model'"),

@@ -15,8 +15,9 @@ from benchmarks.common import weights
 from benchmarks.common.convnet import (
   BatchNorm,
   conv_layer,
-  max_pool_3x3,
+  relu_by_mask,
   relu_by_output,
+  relu_max_pool_3x3,
   stat_groups,
 )
 from benchmarks.common.weights import to_hwio
@@ -105,14 +106,15 @@ def test_ohwi_convolution_is_flax_conv(kernel, strides, padding, bias):
 
 def test_resnet_with_ohwi_kernels_is_the_hwio_resnet():
   """The whole model (stem, bottleneck blocks, projections) with the GPU presets' choices
-  (--kernel_layout=OHWI, --pool_backward=index) against the TPU's (HWIO, XLA's pool): the same
+  (--kernel_layout=OHWI, --pool_backward=index, --relu_backward=mask) against the TPU's (HWIO,
+  XLA's pool, the blocks' ReLUs differentiated through their outputs): the same
   parameters, transposed, the same loss and gradients in float32. And --bn_stacked against
   the two parameters in float64 (in float32 the two round apart where a group's variance is
   small against its mean: the last stage's groups here are 2 pixels), through
   `weights.stack_batch_norms` and `split_batch_norms`."""
   x = jnp.asarray(np.random.default_rng(1).standard_normal((4, 16, 16, 3)), jnp.float32)
   models = [ResNet(14, 4, 10, 2, jnp.float32, "HWIO", 0, "xla"),
-            ResNet(14, 4, 10, 2, jnp.float32, "OHWI", 0, "index")]
+            ResNet(14, 4, 10, 2, jnp.float32, "OHWI", 0, "index", relu_backward="mask")]
   init = [nn.meta.unbox(jax.jit(lambda k, m=m: m.init(k, x, train=False))(jax.random.PRNGKey(0)))
           for m in models]
   np.testing.assert_equal(jax.tree.map(np.asarray, to_hwio(init[1]["params"], "OHWI")),
@@ -174,7 +176,7 @@ def test_gpu_presets_model_choices_train_on_cpu(tmp_path, monkeypatch):
   from harness import train
   monkeypatch.setenv("MESHPERF_CACHE", str(tmp_path / "cache"))
   cfg = dataclasses.replace(PRESETS["tiny"], kernel_layout="OHWI", bn_group_stats=True,
-                            pool_backward="index", bn_stacked=True,
+                            pool_backward="index", bn_stacked=True, relu_backward="mask",
                             target_accuracy=1e-6, dataset="synthetic",
                             synthetic_examples=64, eval_batch_size=64)
   summary = train.run(runs.local("resnet", cfg, output_dir=str(tmp_path / "run"), quiet=True,
@@ -190,13 +192,15 @@ def test_gpu_presets_model_choices_train_on_cpu(tmp_path, monkeypatch):
 @pytest.mark.parametrize("shape,dtype", [((2, 8, 8, 3), jnp.float32), ((2, 7, 9, 4), jnp.float32),
                                          ((3, 12, 10, 5), jnp.bfloat16)])
 def test_stem_pool_has_flax_max_pools_value_and_gradient(shape, dtype):
-  """max_pool_3x3's own backward pass against jax's (select-and-scatter): small integers make
-  many windows hold their maximum twice, where the gradient must go to the first in row-major
-  order only; integer gradients keep every sum exact, so the two must be equal bit for bit."""
-  ref = lambda x: nn.max_pool(x, (3, 3), (2, 2), padding=((1, 1), (1, 1)))
+  """relu_max_pool_3x3 (the ReLU after the pool, its own backward pass) against jax's ReLU then
+  pool (select-and-scatter): small integers make many windows hold their maximum twice, where
+  the gradient must go to the first in row-major order only, and many whose maximum is 0 or
+  negative, where it must go nowhere; integer gradients keep every sum exact, so the two must
+  be equal bit for bit."""
+  ref = lambda x: nn.max_pool(jax.nn.relu(x), (3, 3), (2, 2), padding=((1, 1), (1, 1)))
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.integers(-2, 3, shape), dtype)
-  y, back = jax.vjp(max_pool_3x3, x)
+  y, back = jax.vjp(relu_max_pool_3x3, x)
   y_ref, back_ref = jax.vjp(ref, x)
   g = jnp.asarray(rng.integers(-50, 50, y_ref.shape), dtype)
   assert y.dtype == y_ref.dtype and back(g)[0].dtype == dtype
@@ -205,12 +209,15 @@ def test_stem_pool_has_flax_max_pools_value_and_gradient(shape, dtype):
                                 np.asarray(back_ref(g)[0], np.float32))
 
 
-def test_block_relu_has_jax_relus_gradient():
-  x = jnp.asarray([-2.0, -0.0, 0.0, 1e-30, 3.0])
-  g = jnp.asarray([1.0, 2.0, 3.0, 4.0, 5.0])
-  np.testing.assert_array_equal(jax.vjp(relu_by_output, x)[1](g)[0],
-                                jax.vjp(jax.nn.relu, x)[1](g)[0])
-  np.testing.assert_array_equal(relu_by_output(x), jax.nn.relu(x))
+@pytest.mark.parametrize("relu", [relu_by_output, relu_by_mask])
+def test_block_relu_has_jax_relus_gradient(relu):
+  x = jnp.asarray([-2.0, -0.0, 0.0, 1e-30, 3.0, -1e-30])
+  g = jnp.asarray([1.0, 2.0, 3.0, 4.0, 5.0, 6.0])
+  want = jax.vjp(jax.nn.relu, x)[1](g)[0]
+  np.testing.assert_array_equal(want, [0, 0, 0, 4, 5, 0])
+  for f in (relu, jax.jit(relu)):
+    np.testing.assert_array_equal(jax.vjp(f, x)[1](g)[0], want)
+    np.testing.assert_array_equal(f(x), jax.nn.relu(x))
 
 
 def test_lars_schedule_warmup_then_poly2_decay():

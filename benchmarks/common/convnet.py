@@ -285,6 +285,38 @@ relu_by_output.defjvps(lambda g, ans, x: jax.lax.select(
     jax.lax.optimization_barrier(ans) > 0, g, jax.lax.full_like(g, 0)))
 
 
+@jax.custom_vjp
+def relu_by_mask(x):
+  """max(x, 0), differentiated through a mask of where x > 0 saved in the forward pass (one
+  byte an element), as jax.nn.relu's rule keeps the tangent (0 at 0): the same values and
+  gradients as `relu_by_output` and jax.nn.relu (`--relu_backward=mask`). The backward pass is
+  then one select of two operands, which XLA's GPU compiler fuses into the block's last batch
+  norm's backward reduction (`BatchNorm.residual`) in every stage of ResNet-50 at 400 images a
+  GPU. With `relu_by_output` it read the ReLU's output and compared it, and for the first
+  stage's three blocks (400 x 56 x 56 x 256) its performance model priced the fused kernel
+  0.6 us slower than two (XLA's `GpuPerformanceModel::EstimateRunTimesForMultiOutputFusion`
+  counts the producer's work once per use, and the reduction uses dy twice), so the ReLU's
+  backward pass stayed a kernel of its own: 884 kernels and 52.3 ms against 887 and 52.9 on
+  8 x H200, modelled (2026-12-06). The TPU compiler's ResNet step is slower with the mask (one
+  more buffer a block: `tpu-v4-128` 44.0 -> 45.4 ms modelled), so the TPU presets keep
+  `relu_by_output`."""
+  return jnp.maximum(x, 0)
+
+
+def _relu_by_mask_fwd(x):
+  return jnp.maximum(x, 0), x > 0
+
+
+def _relu_by_mask_bwd(positive, g):
+  # The barrier keeps the mask a saved buffer: without it XLA recomputed the comparison in the
+  # backward pass from the block's activations (ResNet-50 on 8 x H200: 899 kernels, 55.0 ms).
+  positive = jax.lax.optimization_barrier(positive)
+  return (jax.lax.select(positive, g, jnp.zeros_like(g)),)
+
+
+relu_by_mask.defvjp(_relu_by_mask_fwd, _relu_by_mask_bwd)
+
+
 def _windows(xp, size: int, stride: int, out: tuple[int, int]):
   """The size x size strided views of a padded (N, H, W, C) array, row-major over the window."""
   n, _, _, c = xp.shape
@@ -295,16 +327,22 @@ def _windows(xp, size: int, stride: int, out: tuple[int, int]):
 
 
 @jax.custom_vjp
-def max_pool_3x3(x):
-  """`nn.max_pool(x, (3, 3), (2, 2), padding=((1, 1), (1, 1)))`, the stem's pool, with the same
-  value and gradient (each window's gradient to its first maximum in row-major order: XLA's
-  select-and-scatter with `ge`, which jax differentiates max pooling by). The backward pass
-  reads which of the 9 window positions won, saved as int8 in the forward pass, and places the
-  gradient with 9 dilated pads summed, which XLA fuses into the stem's batch-norm backward.
+def relu_max_pool_3x3(x):
+  """`nn.max_pool(jax.nn.relu(x), (3, 3), (2, 2), padding=((1, 1), (1, 1)))`, the stem's ReLU
+  and pool, with the same values and gradients (each window's gradient to its first maximum in
+  row-major order: XLA's select-and-scatter with `ge`, which jax differentiates max pooling by),
+  computed as the ReLU of the pool: the maximum commutes with the ReLU, which keeps order; where
+  a window's maximum is positive, the first maximum of x is the first of relu(x), and where it
+  is not, relu's gradient is 0 at every position of the window either way.
+
+  The backward pass reads which of the 9 window positions won, saved as int8 in the forward
+  pass (9: none, the maximum not positive), and places the gradient with 9 dilated pads summed.
   XLA's own backward of the pool rebuilds each window's maximum with four int32 index arrays
   and scatters into a padded buffer: ResNet-50's step at 400 images a GPU moved 4.3 GB more
-  (XLA's GPU compiler, 2026-12-05)."""
-  return _max_pool_3x3(x)[0]
+  (XLA's GPU compiler, 2026-12-05). The ReLU inside the winners leaves it no backward kernel of
+  its own reading the 112 x 112 activation: ResNet-50 on 8 x H200, 139.4 -> 138.7 GB and
+  52.3 -> 52.1 ms modelled (2026-12-06)."""
+  return _relu_max_pool_3x3_fwd(x)[0]
 
 
 def _max_pool_3x3(x):
@@ -317,11 +355,6 @@ def _max_pool_3x3(x):
   for k in reversed(range(len(views) - 1)):      # the first maximum wins
     won = jnp.where(views[k] == y, jnp.int8(k), won)
   return y, won
-
-
-def _max_pool_3x3_fwd(x):
-  y, won = _max_pool_3x3(x)
-  return y, (won, x.shape)
 
 
 def _max_pool_3x3_bwd(res, g):
@@ -339,7 +372,12 @@ def _max_pool_3x3_bwd(res, g):
   return (dxp[:, 1:h + 1, 1:w + 1, :].astype(dtype),)
 
 
-max_pool_3x3.defvjp(_max_pool_3x3_fwd, _max_pool_3x3_bwd)
+def _relu_max_pool_3x3_fwd(x):
+  y, won = _max_pool_3x3(x)
+  return jnp.maximum(y, 0), (jnp.where(y > 0, won, jnp.int8(9)), x.shape)
+
+
+relu_max_pool_3x3.defvjp(_relu_max_pool_3x3_fwd, _max_pool_3x3_bwd)
 
 
 # How a convolution's kernel is stored (`kernel_layout`): HWIO, flax's (and the TPU compiler's
@@ -421,15 +459,14 @@ def stem(x, width: int, bn_span, dtype, train: bool, layout: str = "HWIO",
   compact module, whose parameters it names ("stem", "BatchNorm_0"). `pool_backward`:
   `benchmarks.config.POOL_BACKWARDS`; `bn_stacked`: `BatchNorm.stacked`."""
   x = conv(x, width, 7, 2, name="stem", dtype=dtype, layout=layout)
-  x = nn.relu(BatchNorm(bn_span, dtype=dtype, stat_groups=stat_groups,
-                        stacked=bn_stacked)(x, train))
+  x = BatchNorm(bn_span, dtype=dtype, stat_groups=stat_groups, stacked=bn_stacked)(x, train)
   if pool_backward == "xla" or splits(x, ACT, SPATIAL_DIMS):
     # XLA's reduce-window, whose transpose is its select-and-scatter. Also where the image is
     # split over height or width (spatial partitioning): XLA's SPMD partitioner exchanges the
-    # pooling window's halo for its own reduce-window, not for max_pool_3x3's strided views.
-    x = nn.max_pool(x, (3, 3), (2, 2), padding=((1, 1), (1, 1)))
+    # pooling window's halo for its own reduce-window, not for relu_max_pool_3x3's strided views.
+    x = nn.max_pool(nn.relu(x), (3, 3), (2, 2), padding=((1, 1), (1, 1)))
   else:
-    x = max_pool_3x3(x)
+    x = relu_max_pool_3x3(x)
   return constrain(x, ACT)
 
 
@@ -442,6 +479,7 @@ class Block(nn.Module):
   kernel_layout: str = "HWIO"
   stat_groups: int = 0
   bn_stacked: bool = False
+  relu_backward: str = "output"     # the last ReLU's backward pass (config.RELU_BACKWARDS)
 
   @nn.compact
   def __call__(self, x, train: bool):
@@ -463,7 +501,8 @@ class Block(nn.Module):
       y = bn(True)(cv(y, out_features, 3), train)
     if residual.shape != y.shape:
       residual = bn(residual=self.bottleneck)(cv(x, out_features, 1, self.strides), train)
-    return layer_output(constrain(relu_by_output(y + residual), ACT))
+    relu = relu_by_mask if self.relu_backward == "mask" else relu_by_output
+    return layer_output(constrain(relu(y + residual), ACT))
 
 
 # --- analytic FLOPs (model FLOPs utilization, `harness.train`) --------------------------

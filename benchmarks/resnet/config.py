@@ -9,6 +9,7 @@ from benchmarks.common.weights import check_kernel_layout
 from benchmarks.config import (
   Common,
   check_pool_backward,
+  check_relu_backward,
   fraction,
   non_negative,
   positive,
@@ -45,6 +46,7 @@ class Config(Common):
   bn_group_stats: bool = False      # running statistics kept per batch-norm group (GPUs)
   pool_backward: str = "xla"        # the stem pool's backward: xla, or index (GPUs)
   bn_stacked: bool = False          # batch norm as one (2, c) scale and bias, stacked sums (GPUs)
+  relu_backward: str = "output"     # a block's last ReLU's backward: output, or mask (GPUs)
   # Optimizer (MLPerf ResNet keys).
   optimizer: str = "lars"
   base_learning_rate: float = 31.2
@@ -105,7 +107,7 @@ PRESETS = {
         eval_epochs=tuple(range(3, 37, 4)), optimizer="lars", base_learning_rate=11.0,
         warmup_epochs=2.0, schedule_epochs=37.0, weight_decay=5e-5, momentum=0.9,
         bn_span=400, target_accuracy=0.759, kernel_layout="OHWI",
-        bn_group_stats=True, pool_backward="index", bn_stacked=True),
+        bn_group_stats=True, pool_backward="index", bn_stacked=True, relu_backward="mask"),
     # A 64-chip TPU v4 slice (v4:4x4x4), with Google's MLPerf Training v1.0 ResNet-50 on the
     # same 64 chips (mlcommons/training_results_v1.0, Google/results/tpu-v4-128-TF/resnet/
     # result_0.txt; Google/benchmarks/resnet/implementations/tpu-v4-128-TF/run_and_time.sh):
@@ -153,6 +155,7 @@ def validate(c: Config) -> None:
                     f"in numpy: use --data_loader=grain with it")
   check_kernel_layout(c.kernel_layout)
   check_pool_backward(c)
+  check_relu_backward(c)
   if c.optimizer not in OPTIMIZERS:
     raise UserError(f"--optimizer={c.optimizer}: choose one of {', '.join(OPTIMIZERS)}")
   if c.model_depth not in STAGES:

@@ -28,6 +28,7 @@ class ResNet(nn.Module):
   bn_stat_groups: int = 0           # batch norm's running statistics per group (BatchNorm)
   pool_backward: str = "xla"        # the stem pool's backward pass (config.POOL_BACKWARDS)
   bn_stacked: bool = False          # batch norm stacked (BatchNorm.stacked)
+  relu_backward: str = "output"     # a block's last ReLU's backward (config.RELU_BACKWARDS)
 
   @nn.compact
   def __call__(self, x, train: bool):
@@ -39,7 +40,7 @@ class ResNet(nn.Module):
       for j in range(blocks):
         x = Block(self.width * 2**i, 2 if (i > 0 and j == 0) else 1, bottleneck, self.bn_span,
                   self.dtype, self.kernel_layout, self.bn_stat_groups,
-                  self.bn_stacked)(x, train)
+                  self.bn_stacked, self.relu_backward)(x, train)
     f = param_dtype(self.dtype)
     x = constrain(jnp.mean(x.astype(f), axis=(1, 2)), ("batch", "channels"))
     x = nn.Dense(self.num_classes, dtype=f, param_dtype=f,

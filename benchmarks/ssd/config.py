@@ -9,6 +9,7 @@ from benchmarks.common.stages import STAGES
 from benchmarks.config import (
   Common,
   check_pool_backward,
+  check_relu_backward,
   fraction,
   non_negative,
   positive,
@@ -47,6 +48,7 @@ class Config(Common):
   bn_group_stats: bool = False      # running statistics kept per batch-norm group (GPUs)
   pool_backward: str = "xla"        # the stem pool's backward: xla, or index (GPUs)
   bn_stacked: bool = False          # batch norm as one (2, c) scale and bias, stacked sums (GPUs)
+  relu_backward: str = "output"     # a block's last ReLU's backward: output, or mask (GPUs)
   # Loss and detection.
   match_iou: float = 0.5
   negative_ratio: int = 3
@@ -187,6 +189,7 @@ def validate(c: Config) -> None:
   require(c, ("bn_span",), lambda v: v >= 0, "must be >= 0 (0: the per-replica batch)")
   weights.check_kernel_layout(c.kernel_layout)
   check_pool_backward(c)
+  check_relu_backward(c)
   _check_feature_maps(c)
   if c.backbone_checkpoint:
     _check_backbone_checkpoint(c)

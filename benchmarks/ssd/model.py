@@ -44,6 +44,7 @@ class Backbone(nn.Module):
   bn_stat_groups: int = 0
   pool_backward: str = "xla"
   bn_stacked: bool = False
+  relu_backward: str = "output"
 
   @nn.compact
   def __call__(self, x, train: bool):
@@ -54,7 +55,8 @@ class Backbone(nn.Module):
       for j in range(blocks):
         stride = 2 if (i == 1 and j == 0) else 1    # conv4_1 keeps the resolution
         x = Block(self.width * 2**i, stride, bottleneck, self.bn_span, self.dtype,
-                  self.kernel_layout, self.bn_stat_groups, self.bn_stacked)(x, train)
+                  self.kernel_layout, self.bn_stat_groups, self.bn_stacked,
+                  self.relu_backward)(x, train)
     return x
 
 
@@ -70,6 +72,7 @@ class SSD(nn.Module):
   bn_stat_groups: int = 0           # batch norm's running statistics per group (BatchNorm)
   pool_backward: str = "xla"        # the stem pool's backward pass (config.POOL_BACKWARDS)
   bn_stacked: bool = False          # batch norm stacked (BatchNorm.stacked)
+  relu_backward: str = "output"     # a block's last ReLU's backward (config.RELU_BACKWARDS)
 
   @nn.compact
   def __call__(self, image, train: bool):
@@ -80,7 +83,7 @@ class SSD(nn.Module):
     x = constrain(x.astype(self.dtype), ("batch", "height", "width", None))
     x = Backbone(self.depth, self.width, self.bn_span, self.dtype, self.kernel_layout,
                  self.bn_stat_groups, self.pool_backward, self.bn_stacked,
-                 name="Backbone")(x, train)
+                 self.relu_backward, name="Backbone")(x, train)
     cv = functools.partial(conv, dtype=self.dtype, layout=self.kernel_layout)
     maps = [x]
     scale = self.width / 64

@@ -44,7 +44,7 @@ def make_model(cfg: Config, bn_span: int | None, replicas: int = 1) -> SSD:
              cfg.extra_blocks, cfg.backbone_depth, cfg.backbone_width,
              bn_span, dtype, cfg.kernel_layout,
              stat_groups(cfg.bn_group_stats, cfg.global_batch_size, bn_span, replicas),
-             cfg.pool_backward, cfg.bn_stacked)
+             cfg.pool_backward, cfg.bn_stacked, cfg.relu_backward)
 
 
 def schedule(cfg: Config, steps_per_epoch: int):
