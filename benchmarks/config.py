@@ -90,6 +90,8 @@ POOL_BACKWARDS = ("xla", "index")
 # `output` everyone else's (the mask is one more buffer a block: the TPU compiler's ResNet step
 # is the slower with it).
 RELU_BACKWARDS = ("output", "mask")
+
+
 def _kind(value: Any) -> str | None:
   """What a config value is, as overrides must match it: None for a field without a value."""
   if value is None:

@@ -295,6 +295,7 @@ CASES = [
     ("main", ["ssd", "--pool_backward=scan"], "--pool_backward=scan: choose one of xla, index"),
     ("main", ["resnet", "--relu_backward=input"],
      "--relu_backward=input: choose one of output, mask"),
+    ("main", ["resnet", "--bn_flat"], "--bn_flat keeps every batch norm's stacked"),
     ("main", ["resnet", "--mesh=data:4,model:2",
               "--layout=batch:data;in_channels:model;channels:model"],
      "both split over mesh axis 'model'"),

@@ -141,6 +141,39 @@ def test_resnet_with_ohwi_kernels_is_the_hwio_resnet():
                weights.split_batch_norms(gt), gs)
 
 
+@pytest.mark.parametrize("depth", [14, 18])
+def test_flat_batch_norms_are_the_stacked_ones(depth):
+  """--bn_flat: the model's one "batch_norms" parameter, as it initializes it, is the stacked
+  batch norms' own initial values (the last of each block at zero scale) in the column order
+  `weights.split_flat_batch_norms` reads from the convolutions; and with the same values the
+  model's loss and gradients are the stacked model's, in float64 (bottleneck and basic
+  blocks, projections included)."""
+  with jax.enable_x64(True):
+    x = jnp.asarray(np.random.default_rng(3).standard_normal((4, 16, 16, 3)), jnp.float64)
+    stacked = ResNet(depth, 4, 10, 2, jnp.float64, "HWIO", 0, "index", True)
+    flat = stacked.clone(bn_flat=True)
+    key = jax.random.PRNGKey(0)
+    vs, vf = (nn.meta.unbox(jax.jit(lambda k, m=m: m.init(k, x, train=False))(key))
+              for m in (stacked, flat))
+    ps = jax.tree.map(np.asarray, vs["params"])
+    np.testing.assert_equal(jax.tree.map(np.asarray, vf["params"]),
+                            weights.flatten_batch_norms(ps))
+    np.testing.assert_equal(weights.split_flat_batch_norms(weights.flatten_batch_norms(ps)), ps)
+    # Values that tell the columns apart.
+    ps = jax.tree.map(lambda a: a + np.random.default_rng(a.size).uniform(0.5, 1.5, a.shape), ps)
+    pf = weights.flatten_batch_norms(ps)
+
+    def loss(m, p, v):
+      def f(p):
+        y, _ = m.apply({**v, "params": p}, x, train=True, mutable=["batch_stats"])
+        return jnp.sum(jnp.square(y))
+      return jax.jit(jax.value_and_grad(f))(p)
+    (ls, gs), (lf, gf) = loss(stacked, ps, vs), loss(flat, pf, vf)
+  np.testing.assert_allclose(lf, ls, rtol=1e-12)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12),
+               weights.split_flat_batch_norms(jax.tree.map(np.asarray, gf)), gs)
+
+
 def test_batch_norm_group_statistics_average_to_the_shared_ones():
   """stat_groups keeps each group's running statistics (numpy's per-group moments); evaluation
   normalizes by their average, which is what the shared (c,) statistics hold."""
@@ -177,6 +210,7 @@ def test_gpu_presets_model_choices_train_on_cpu(tmp_path, monkeypatch):
   monkeypatch.setenv("MESHPERF_CACHE", str(tmp_path / "cache"))
   cfg = dataclasses.replace(PRESETS["tiny"], kernel_layout="OHWI", bn_group_stats=True,
                             pool_backward="index", bn_stacked=True, relu_backward="mask",
+                            bn_flat=True,
                             target_accuracy=1e-6, dataset="synthetic",
                             synthetic_examples=64, eval_batch_size=64)
   summary = train.run(runs.local("resnet", cfg, output_dir=str(tmp_path / "run"), quiet=True,

@@ -277,6 +277,22 @@ def test_kernels_stored_ohwi_load_as_hwio(tmp_path):
     np.testing.assert_array_equal(got[k], a, err_msg=k)
 
 
+def test_gpu_preset_batch_norms_load_apart(tmp_path):
+  """A run of the GPU preset stores its kernels OHWI and every batch norm's scale and bias as
+  columns of one "batch_norms" (--bn_stacked --bn_flat); weight files are read back HWIO with
+  each batch norm's scale and bias apart, and the cheap check finds the stem's batch norm."""
+  variables = convert(torchvision_state_dict(18, classes=10), 18)
+  flat = weights.flatten_batch_norms(weights.stack_batch_norms(variables["params"]))
+  assert "BatchNorm_0" not in flat and "BatchNorm_1" not in flat["Block_0"]
+  stored = {**variables, "params": from_hwio(flat, "OHWI")}
+  weights.save_npz(stored, str(tmp_path / "gpu.npz"))
+  assert {"BatchNorm_0", "batch_norms", "Block_0"} <= weights.check(str(tmp_path / "gpu.npz"), "x")
+  want, got = _flat(variables), _flat(weights.load(str(tmp_path / "gpu.npz")))
+  assert got.keys() == want.keys()
+  for k, a in want.items():
+    np.testing.assert_array_equal(got[k], a, err_msg=k)
+
+
 def _small_state(offset: float):
   """A train state like harness/step.py's, of a ResNet-10 of width 8 (one array sharded)."""
   shapes = _flax_shapes(10, width=8, classes=16)

@@ -59,10 +59,14 @@ class BatchNorm(nn.Module):
   residual: bool = False
 
   @nn.compact
-  def __call__(self, x, train: bool):
+  def __call__(self, x, train: bool, scale_bias=None):
+    """`scale_bias`: this batch norm's (2, c) columns of a model's one parameter for all of them
+    (`--bn_flat`, stacked only), in place of a parameter of its own."""
     c, f = x.shape[-1], param_dtype(self.dtype)
     first = nn.initializers.zeros if self.zero_scale else nn.initializers.ones
-    if self.stacked:
+    if self.stacked and scale_bias is not None:
+      scale, bias = scale_bias[0], scale_bias[1]
+    elif self.stacked:
       # Scale then bias: the parameter's gradient is the backward pass's stacked sums as they
       # are, and its update one kernel (`_local_batch_norm`).
       def stacked_init(key, shape, dtype):
@@ -454,12 +458,15 @@ def conv(x, features: int, kernel: int, strides: int = 1, name: str | None = Non
 
 
 def stem(x, width: int, bn_span, dtype, train: bool, layout: str = "HWIO",
-         stat_groups: int = 0, pool_backward: str = "xla", bn_stacked: bool = False):
+         stat_groups: int = 0, pool_backward: str = "xla", bn_stacked: bool = False,
+         bn_params=None):
   """conv1 (7x7, stride 2) "stem", batch norm, ReLU, 3x3 stride-2 max pool; called inside a
   compact module, whose parameters it names ("stem", "BatchNorm_0"). `pool_backward`:
-  `benchmarks.config.POOL_BACKWARDS`; `bn_stacked`: `BatchNorm.stacked`."""
+  `benchmarks.config.POOL_BACKWARDS`; `bn_stacked`: `BatchNorm.stacked`; `bn_params`: the batch
+  norm's columns of a flat parameter (`BatchNorm.__call__`), or None."""
   x = conv(x, width, 7, 2, name="stem", dtype=dtype, layout=layout)
-  x = BatchNorm(bn_span, dtype=dtype, stat_groups=stat_groups, stacked=bn_stacked)(x, train)
+  x = BatchNorm(bn_span, dtype=dtype, stat_groups=stat_groups, stacked=bn_stacked)(
+      x, train, bn_params)
   if pool_backward == "xla" or splits(x, ACT, SPATIAL_DIMS):
     # XLA's reduce-window, whose transpose is its select-and-scatter. Also where the image is
     # split over height or width (spatial partitioning): XLA's SPMD partitioner exchanges the
@@ -482,7 +489,16 @@ class Block(nn.Module):
   relu_backward: str = "output"     # the last ReLU's backward pass (config.RELU_BACKWARDS)
 
   @nn.compact
-  def __call__(self, x, train: bool):
+  def __call__(self, x, train: bool, bn_params=None):
+    """`bn_params`: the block's batch norms' columns of a flat parameter, (2, channels) in the
+    order of `block_batch_norms` (`--bn_flat`), or None: parameters of their own."""
+    taken = [0]
+
+    def columns(c):
+      if bn_params is None:
+        return None
+      taken[0] += c
+      return bn_params[:, taken[0] - c:taken[0]]
     # `BatchNorm.residual` in bottleneck blocks only: SSD's backbone of basic blocks on 8 x H200
     # modelled 29.7 -> 29.8 ms with it (765 -> 777 kernels), ResNet-50 53.2 -> 52.9 (2026-12-06).
     bn = lambda zero=False, residual=False: BatchNorm(
@@ -491,18 +507,29 @@ class Block(nn.Module):
     cv = functools.partial(conv, dtype=self.dtype, layout=self.kernel_layout)
     out_features = self.features * (4 if self.bottleneck else 1)
     residual = x
+    f = self.features
     if self.bottleneck:
-      y = nn.relu(bn()(cv(x, self.features, 1), train))
+      y = nn.relu(bn()(cv(x, f, 1), train, columns(f)))
       # v1.5: the stride is on the 3x3 convolution.
-      y = nn.relu(bn()(cv(y, self.features, 3, self.strides), train))
-      y = bn(True, residual=True)(cv(y, out_features, 1), train)
+      y = nn.relu(bn()(cv(y, f, 3, self.strides), train, columns(f)))
+      y = bn(True, residual=True)(cv(y, out_features, 1), train, columns(out_features))
     else:
-      y = nn.relu(bn()(cv(x, self.features, 3, self.strides), train))
-      y = bn(True)(cv(y, out_features, 3), train)
+      y = nn.relu(bn()(cv(x, f, 3, self.strides), train, columns(f)))
+      y = bn(True)(cv(y, out_features, 3), train, columns(out_features))
     if residual.shape != y.shape:
-      residual = bn(residual=self.bottleneck)(cv(x, out_features, 1, self.strides), train)
+      residual = bn(residual=self.bottleneck)(cv(x, out_features, 1, self.strides), train,
+                                              columns(out_features))
     relu = relu_by_mask if self.relu_backward == "mask" else relu_by_output
     return layer_output(constrain(relu(y + residual), ACT))
+
+
+def block_batch_norms(cin: int, features: int, strides: int, bottleneck: bool
+                      ) -> list[tuple[int, bool]]:
+  """(channels, zero_scale) of each batch norm a `Block` makes, in the order it makes them (its
+  convolutions' order, the projected residual's last)."""
+  out = features * (4 if bottleneck else 1)
+  cols = ([(features, False)] * (2 if bottleneck else 1)) + [(out, True)]
+  return cols + ([(out, False)] if cin != out or strides != 1 else [])
 
 
 # --- analytic FLOPs (model FLOPs utilization, `harness.train`) --------------------------

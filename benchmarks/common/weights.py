@@ -9,7 +9,8 @@ The variables are the Flax ones of `benchmarks.resnet.model.ResNet`:
 - `load(path)` reads such an .npz, or a training run's orbax checkpoint (the run's output_dir,
   its checkpoints/ folder or one step folder; the latest step is taken), as numpy arrays on the
   host: convolution kernels HWIO (a run of `--kernel_layout=OHWI` stores them OHWI), batch
-  norm's scale and bias apart (a run of `--bn_stacked` keeps them as one (2, c) "scale_bias"),
+  norm's scale and bias apart (a run of `--bn_stacked` keeps them as one (2, c) "scale_bias",
+  one of `--bn_flat` as columns of one "batch_norms" for the whole model),
   running statistics one per channel (a run of `--bn_group_stats` keeps one per group:
   averaged). SSD's backbone loads ImageNet-pretrained ResNet-34 weights through it.
 """
@@ -102,6 +103,54 @@ def stack_batch_norms(params):
   if set(params) == {"scale", "bias"} and not isinstance(params["scale"], Mapping):
     return {"scale_bias": np.stack([np.asarray(params["scale"]), np.asarray(params["bias"])])}
   return {k: stack_batch_norms(v) if isinstance(v, Mapping) else v for k, v in params.items()}
+
+
+def _batch_norm_paths(params) -> list[tuple[tuple[str, ...], int]]:
+  """(path, channels) of a ResNet's batch norms in the order the model makes them (its flat
+  parameter's columns, `ResNet.batch_norm_columns`): the stem's "BatchNorm_0", then each
+  "Block_<i>"'s "BatchNorm_<k>", which normalizes the output of its "Conv_<k>" (HWIO kernels:
+  the channels are the last dimension)."""
+  index = lambda name: int(name.rsplit("_", 1)[1])                       # noqa: E731
+  paths = [(("BatchNorm_0",), params["stem"]["kernel"].shape[-1])]
+  for block in sorted((k for k in params if k.startswith("Block_")), key=index):
+    convs = sorted((k for k in params[block] if k.startswith("Conv_")), key=index)
+    paths += [((block, f"BatchNorm_{index(k)}"), params[block][k]["kernel"].shape[-1])
+              for k in convs]
+  return paths
+
+
+def split_flat_batch_norms(params):
+  """HWIO `params` with a ResNet's flat "batch_norms" parameter (`--bn_flat`) as each batch
+  norm's own (2, c) "scale_bias"; others as they are."""
+  if "batch_norms" not in params:
+    return params
+  out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in params.items()
+         if k != "batch_norms"}
+  flat, start = np.asarray(params["batch_norms"]), 0
+  for path, c in _batch_norm_paths(params):
+    node = out
+    for key in path[:-1]:
+      node = node[key]
+    node[path[-1]] = {"scale_bias": flat[:, start:start + c]}
+    start += c
+  if start != flat.shape[1]:
+    raise UserError(f"the flat batch-norm parameter has {flat.shape[1]} columns, but the "
+                    f"model's convolutions give {start}: not a ResNet's weights of this harness")
+  return out
+
+
+def flatten_batch_norms(params):
+  """`split_flat_batch_norms`' inverse: HWIO `params` with every (2, c) "scale_bias" of a
+  ResNet's batch norms as columns of one "batch_norms"."""
+  paths = _batch_norm_paths(params)
+  out = {k: dict(v) if isinstance(v, Mapping) else v for k, v in params.items()}
+  columns = []
+  for path, _ in paths:
+    node = out
+    for key in path[:-1]:
+      node = node[key]
+    columns.append(np.asarray(node.pop(path[-1])["scale_bias"]))
+  return {**out, "batch_norms": np.concatenate(columns, axis=1)}
 
 
 def check_kernel_layout(layout: str) -> None:
@@ -270,7 +319,10 @@ def _check_npz(path: str, where: str) -> set[str]:
   if stem_layout(shape) is None:
     raise UserError(f"{where}: params/stem/kernel has shape {shape}, not (7, 7, 3, width); not "
                     f"weights of this harness's ResNet{hint}")
-  return {k.split("/")[1] for k in names if k.startswith("params/")}
+  found = {k.split("/")[1] for k in names if k.startswith("params/")}
+  # A --bn_flat run's batch norms are columns of "batch_norms"; `load` gives the stem's its
+  # own "BatchNorm_0" (`split_flat_batch_norms`).
+  return found | {"BatchNorm_0"} if "batch_norms" in found else found
 
 
 def _has_item(path: str) -> bool:
@@ -320,5 +372,6 @@ def load(path: str) -> dict[str, Any]:
   if stem_layout(variables["params"]["stem"]["kernel"].shape) == "OHWI":
     # A run that stored its kernels OHWI (--kernel_layout=OHWI): HWIO, as every file here is.
     variables = {**variables, "params": to_hwio(variables["params"], "OHWI")}
-  # A run of --bn_stacked: each batch norm's scale and bias apart.
-  return {**variables, "params": split_batch_norms(variables["params"])}
+  # A run of --bn_flat and --bn_stacked: each batch norm's scale and bias apart.
+  return {**variables,
+          "params": split_batch_norms(split_flat_batch_norms(variables["params"]))}

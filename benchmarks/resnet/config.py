@@ -47,6 +47,7 @@ class Config(Common):
   pool_backward: str = "xla"        # the stem pool's backward: xla, or index (GPUs)
   bn_stacked: bool = False          # batch norm as one (2, c) scale and bias, stacked sums (GPUs)
   relu_backward: str = "output"     # a block's last ReLU's backward: output, or mask (GPUs)
+  bn_flat: bool = False             # every batch norm's scale and bias in one parameter (GPUs)
   # Optimizer (MLPerf ResNet keys).
   optimizer: str = "lars"
   base_learning_rate: float = 31.2
@@ -107,7 +108,8 @@ PRESETS = {
         eval_epochs=tuple(range(3, 37, 4)), optimizer="lars", base_learning_rate=11.0,
         warmup_epochs=2.0, schedule_epochs=37.0, weight_decay=5e-5, momentum=0.9,
         bn_span=400, target_accuracy=0.759, kernel_layout="OHWI",
-        bn_group_stats=True, pool_backward="index", bn_stacked=True, relu_backward="mask"),
+        bn_group_stats=True, pool_backward="index", bn_stacked=True, relu_backward="mask",
+        bn_flat=True),
     # A 64-chip TPU v4 slice (v4:4x4x4), with Google's MLPerf Training v1.0 ResNet-50 on the
     # same 64 chips (mlcommons/training_results_v1.0, Google/results/tpu-v4-128-TF/resnet/
     # result_0.txt; Google/benchmarks/resnet/implementations/tpu-v4-128-TF/run_and_time.sh):
@@ -156,6 +158,9 @@ def validate(c: Config) -> None:
   check_kernel_layout(c.kernel_layout)
   check_pool_backward(c)
   check_relu_backward(c)
+  if c.bn_flat and not c.bn_stacked:
+    raise UserError("--bn_flat keeps every batch norm's stacked (2, channels) scale and bias in "
+                    "one parameter: add --bn_stacked")
   if c.optimizer not in OPTIMIZERS:
     raise UserError(f"--optimizer={c.optimizer}: choose one of {', '.join(OPTIMIZERS)}")
   if c.model_depth not in STAGES:

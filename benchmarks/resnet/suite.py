@@ -158,7 +158,7 @@ def build(cfg: Config, replicas: int, process_index: int = 0, process_count: int
   model = ResNet(cfg.model_depth, cfg.model_width, cfg.num_classes, bn_span, dtype,
                  cfg.kernel_layout,
                  stat_groups(cfg.bn_group_stats, cfg.global_batch_size, bn_span, replicas),
-                 cfg.pool_backward, cfg.bn_stacked, cfg.relu_backward)
+                 cfg.pool_backward, cfg.bn_stacked, cfg.relu_backward, cfg.bn_flat)
   eval_model = model.clone(bn_span=None)
   lr, _, decay = schedule(cfg, data.steps_per_epoch)
 
