@@ -15,6 +15,7 @@ from benchmarks.common.convnet import Block, block_batch_norms, blocks_flops, st
 from benchmarks.common.layers import named_init, param_dtype
 from benchmarks.common.stages import STAGES
 from mesh import constrain
+from runtime.errors import UserError
 
 
 class ResNet(nn.Module):
@@ -57,6 +58,9 @@ class ResNet(nn.Module):
   def __call__(self, x, train: bool):
     bottleneck = STAGES[self.depth][1]
     flat, taken = None, [0]
+    if self.bn_flat and not self.bn_stacked:
+      raise UserError("--bn_flat keeps every batch norm's stacked (2, channels) scale and bias "
+                      "in one parameter: add --bn_stacked")
     if self.bn_flat:
       cols = self.batch_norm_columns()
 
