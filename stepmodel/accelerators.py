@@ -457,7 +457,7 @@ SYSTEMS = {s.name: s for s in (
 # sums a combined group in one contiguous buffer and slices each tensor back out after it, one
 # kernel a tensor, while each all-reduce of its own runs on the collectives' stream beside the
 # backward pass. On 8 x H200, modelled (2026-12-06): ResNet-50 884 -> 845 kernels, 52.1 ->
-# 51.7 ms; SSD 29.5 -> 29.3; the Transformer 53.5 -> 52.4; the LM 28.2 -> 27.5 (docs/gpu.md).
+# 51.7 ms; SSD 29.5 -> 29.3; the Transformer 53.5 -> 52.4; the LM 28.2 -> 27.6 (docs/gpu.md).
 GPU_XLA_FLAGS = ("--xla_gpu_enable_latency_hiding_scheduler=true "
                  "--xla_gpu_all_reduce_combine_threshold_bytes=131072")
 # What TPU pod presets may set (`--libtpu_flags`): libtpu's asynchronous collectives, which
